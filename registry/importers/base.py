@@ -1,0 +1,34 @@
+"""What every importer produces: run metadata plus a stream of points.
+
+An importer never touches the database. It reads a file or directory and yields
+``Point`` tuples one at a time, so a large file is held in memory only once (by the
+series builder that accumulates the points into arrays).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple
+
+
+class Point(NamedTuple):
+    key: str            # metric key exactly as logged
+    step: int
+    value: float        # NaN and +-Inf are legal values and must be passed through
+    wall_time: float | None
+    position: str       # where in the input this point came from, e.g. "line 17"
+
+
+@dataclass
+class Source:
+    """One run's worth of input, opened by an importer."""
+
+    path: Path
+    format: str                              # importer name, e.g. "tensorboard"
+    points: Callable[[], Iterator[Point]]    # re-iterable: each call starts a fresh pass
+    params: dict[str, Any] = field(default_factory=dict)      # hyperparameters found in the input
+    framework: str | None = None             # framework hint found in the input
+    algorithm: str | None = None
+    name: str | None = None                  # run name hint
+    task: str | None = None
+    files: list[Path] = field(default_factory=list)  # files read, for the content fingerprint
