@@ -1,0 +1,479 @@
+"""The ``rlreg`` command line. Library errors are caught here, once, and become exit code 1."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .errors import AlreadyRegisteredError, InputError, RegistryError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(_jsonable(value), indent=2, allow_nan=False, default=str))
+
+
+class RegistryGroup(click.Group):
+    """Turns every RegistryError into a one-line message and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AlreadyRegisteredError as exc:
+            err_console.print(f"[yellow]{exc}[/yellow]", markup=True, highlight=False)
+            ctx.exit(0)
+        except RegistryError as exc:
+            err_console.print(f"error: {exc}", markup=False, highlight=False)
+            ctx.exit(1)
+
+
+@click.group(cls=RegistryGroup)
+@click.option("--db", "db_url", envvar="RLREG_DATABASE_URL",
+              help="Database URL (sqlite:///path or postgresql+psycopg://...); default: ./rlregistry.db")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """rlregistry: runs, their metrics, and what every number means."""
+    ctx.obj = {"db_url": db_url}
+
+
+def open_from(ctx: click.Context):  # -> Registry (imported lazily: keeps `rlreg --help` fast)
+    from .store import Registry
+
+    if "registry" not in ctx.obj:
+        ctx.obj["registry"] = Registry(ctx.obj["db_url"])
+        ctx.call_on_close(ctx.obj["registry"].close)
+    return ctx.obj["registry"]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@cli.command()
+@click.pass_context
+def init(ctx: click.Context) -> None:
+    """Create the database, or upgrade it to the current schema, and load the default dictionary."""
+    reg = open_from(ctx)
+    click.echo(f"registry ready at {reg.engine.url.render_as_string(hide_password=True)}")
+
+
+def _parse_assignments(values: tuple[str, ...], what: str) -> list[tuple[str, str]]:
+    out = []
+    for item in values:
+        if "=" not in item:
+            raise InputError(f"{what} {item!r} must look like KEY=VALUE")
+        key, value = item.split("=", 1)
+        if not key.strip():
+            raise InputError(f"{what} {item!r} has an empty key")
+        out.append((key.strip(), value))
+    return out
+
+
+def _parse_semantics(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """``--semantics actor/kl_loss:kl_estimator=k1`` -> {"actor/kl_loss": {"kl_estimator": "k1"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for key_field, value in _parse_assignments(values, "--semantics"):
+        if ":" not in key_field:
+            raise InputError(f"--semantics {key_field!r} must look like METRIC_KEY:FIELD=VALUE")
+        key, field = key_field.rsplit(":", 1)
+        out.setdefault(key, {})[field] = value
+    return out
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["tensorboard", "trainer_state", "verl_log", "csv", "jsonl"]),
+              help="Input format; detected from the content when omitted.")
+@click.option("--name", help="Run name (default: the file or directory name).")
+@click.option("--project", default="default", show_default=True)
+@click.option("--algorithm", help="PPO, GRPO, RLOO, ...")
+@click.option("--framework", help="verl, trl, openrlhf, stable-baselines3, cleanrl, custom (detected when omitted).")
+@click.option("--task", help="Task or dataset (e.g. CartPole-v1, gsm8k).")
+@click.option("--param", "params", multiple=True, help="Hyperparameter KEY=VALUE (repeatable).")
+@click.option("--params", "params_file", type=click.Path(exists=True, path_type=Path),
+              help="Hyperparameters from a YAML or JSON file.")
+@click.option("--tag", "tags", multiple=True, help="Tag (repeatable).")
+@click.option("--code-version", help="Git commit or other code version.")
+@click.option("--status", type=click.Choice(["finished", "running", "crashed"]), default="finished", show_default=True)
+@click.option("--on-disorder", type=click.Choice(["error", "keep-last"]), default="error", show_default=True,
+              help="What to do with a duplicate or decreasing step.")
+@click.option("--semantics", "semantic_overrides", multiple=True,
+              help="Override a series' semantics for this run: KEY:FIELD=VALUE, e.g. kl:kl_estimator=k1.")
+@click.option("--replace", is_flag=True, help="Register again a source that was registered before.")
+@json_option
+@click.pass_context
+def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name: str | None, project: str,
+             algorithm: str | None, framework: str | None, task: str | None, params: tuple[str, ...],
+             params_file: Path | None, tags: tuple[str, ...], code_version: str | None, status: str,
+             on_disorder: str, semantic_overrides: tuple[str, ...], replace: bool, as_json: bool) -> None:
+    """Register runs from training logs: TensorBoard dirs, trainer_state.json, verl logs, CSV, JSONL."""
+    from .importers.params import parse_param_assignment, read_params_file
+
+    hparams: dict[str, Any] = read_params_file(params_file) if params_file else {}
+    for key, value in _parse_assignments(params, "--param"):
+        hparams[key] = parse_param_assignment(value)
+    semantics = _parse_semantics(semantic_overrides)
+    if name and len(paths) > 1:
+        raise InputError("--name applies to one run; register several paths without it")
+    reg = open_from(ctx)
+    results = []
+    for path in paths:
+        with _progress(f"reading {path.name}", quiet=as_json) as advance:
+            try:
+                result = reg.register(
+                    path, format=fmt, name=name, project=project, algorithm=algorithm, framework=framework,
+                    task=task, params=hparams, tags=list(tags), code_version=code_version, status=status,
+                    on_disorder=on_disorder, replace=replace, semantics=semantics, progress=advance,
+                )
+            except AlreadyRegisteredError as exc:
+                if len(paths) == 1:
+                    raise
+                err_console.print(f"[yellow]{path}: {exc}[/yellow]")
+                continue
+        results.append(result)
+        if not as_json:
+            _print_registration(result)
+    if as_json:
+        echo_json([r.to_dict() for r in results])
+
+
+class _progress:
+    """A live point counter on stderr for long imports (silent for --json and non-terminals)."""
+
+    def __init__(self, label: str, quiet: bool):
+        self.label = label
+        self.quiet = quiet or not err_console.is_terminal
+
+    def __enter__(self) -> Callable[[int], None]:
+        if self.quiet:
+            return lambda n: None
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                             TextColumn("{task.completed:,.0f} points"), TimeElapsedColumn(),
+                             console=err_console, transient=True)
+        self._bar.start()
+        task = self._bar.add_task(self.label, total=None)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.quiet:
+            self._bar.stop()
+
+
+def _print_registration(result) -> None:  # result: RegistrationResult
+    verb = "replaced" if result.replaced else "registered"
+    console.print(
+        f"{verb} run [bold]{result.name}[/bold] ({result.run_id[:12]}): {result.series_count} series, "
+        f"{result.point_count:,} points, format {result.source_format}, framework {result.framework or 'unknown'}",
+        highlight=False,
+    )
+    if result.mapped:
+        console.print(f"  mapped {len(result.mapped)}: " + ", ".join(f"{k} -> {v}" for k, v in sorted(result.mapped.items())),
+                      highlight=False, markup=False)
+    for key, suggestions in sorted(result.unmapped.items()):
+        hint = f" (did you mean {', '.join(suggestions)}?)" if suggestions else ""
+        console.print(f"  unmapped: {key}{hint}", highlight=False, markup=False)
+    for warning in result.warnings:
+        console.print(f"  warning: {warning}", highlight=False, markup=False, style="yellow")
+
+
+@cli.command()
+@click.option("--where", "where", help="Filter expression, e.g. 'learning_rate>1e-4 and algorithm=PPO'.")
+@click.option("--project")
+@click.option("--tag")
+@click.option("--verdict", type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
+@click.option("--status", type=click.Choice(["running", "finished", "crashed", "incomplete"]))
+@click.option("--sort", "order_by", default="-created_at", show_default=True, help="Column; prefix - for descending.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--offset", default=0)
+@click.option("--param", "show_params", multiple=True, help="Hyperparameter column to show (repeatable).")
+@json_option
+@click.pass_context
+def runs(ctx: click.Context, where: str | None, project: str | None, tag: str | None, verdict: str | None,
+         status: str | None, order_by: str, limit: int, offset: int, show_params: tuple[str, ...], as_json: bool) -> None:
+    """List runs, filtered by project, tag, outcome or hyperparameter expressions."""
+    rows, total = open_from(ctx).list_runs(where=where, project=project, tag=tag, verdict=verdict, status=status,
+                                           order_by=order_by, limit=limit, offset=offset)
+    if as_json:
+        echo_json({"total": total, "runs": rows})
+        return
+    table = Table(title=f"{len(rows)} of {total} runs", title_justify="left")
+    for col in ("id", "name", "project", "algorithm", "framework", "task", "status", "verdict", "tags", *show_params):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["id"][:12], r["name"], r["project"], r["algorithm"] or "", r["framework"] or "",
+                      r["task"] or "", r["status"], r["verdict"] or "", ", ".join(r["tags"]),
+                      *(str(r["params"].get(p, "")) for p in show_params))
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+@cli.command()
+@click.argument("run")
+@json_option
+@click.pass_context
+def show(ctx: click.Context, run: str, as_json: bool) -> None:
+    """A run's hyperparameters, outcome, and every metric with its binding and summary."""
+    detail = open_from(ctx).run_detail(run)
+    if as_json:
+        echo_json(detail)
+        return
+    console.print(f"[bold]{detail['name']}[/bold]  {detail['id']}", highlight=False)
+    for label in ("project", "algorithm", "framework", "task", "status", "verdict", "code_version"):
+        if detail.get(label):
+            console.print(f"  {label}: {detail[label]}", highlight=False, markup=False)
+    if detail["tags"]:
+        console.print(f"  tags: {', '.join(detail['tags'])}", highlight=False, markup=False)
+    if detail["scores"]:
+        console.print("  scores: " + ", ".join(f"{k}={_fmt(v)}" for k, v in detail["scores"].items()), markup=False)
+    if detail.get("notes"):
+        console.print(f"  notes: {detail['notes']}", markup=False)
+    for c in detail["checkpoints"]:
+        console.print(f"  checkpoint @ {c['step']}: {c['uri']}" + (f" ({c['note']})" if c["note"] else ""), markup=False)
+    if detail["params"]:
+        params = Table(title="hyperparameters", title_justify="left")
+        params.add_column("key")
+        params.add_column("value")
+        for k, v in detail["params"].items():
+            params.add_row(k, _fmt(v))
+        console.print(params)
+    metrics = Table(title="metrics", title_justify="left")
+    for col in ("key", "definition", "layer", "semantics", "points", "NaN/Inf", "first", "last", "min", "max"):
+        metrics.add_column(col, overflow="fold")
+    for s in detail["series"]:
+        sem = s["semantics"] or {}
+        sem_text = ", ".join(f"{k}={v}" for k, v in sem.items() if v not in (None, "n/a", "none"))
+        if s["sign"] != 1.0:
+            sem_text += f", sign={s['sign']:g}"
+        if s["overrides"]:
+            sem_text += " (run override: " + ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) + ")"
+        metrics.add_row(s["key"], s["definition"] or "[red]unmapped[/red]", s["layer"] or "", sem_text,
+                        str(s["count"]), f"{s['nan_count']}/{s['inf_count']}", _fmt(s["first"]), _fmt(s["last"]),
+                        _fmt(s["min"]), _fmt(s["max"]))
+    console.print(metrics)
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--verdict", type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
+@click.option("--score", "scores", multiple=True, help="Final score NAME=VALUE (repeatable).")
+@click.option("--notes", help="Free-text notes (replaces earlier notes).")
+@click.option("--checkpoint", "checkpoints", multiple=True, help="Checkpoint STEP=URI (repeatable).")
+@click.option("--status", type=click.Choice(["running", "finished", "crashed"]))
+@click.pass_context
+def outcome(ctx: click.Context, run: str, verdict: str | None, scores: tuple[str, ...], notes: str | None,
+            checkpoints: tuple[str, ...], status: str | None) -> None:
+    """Record a run's outcome: verdict, final scores, notes, checkpoints."""
+    parsed_scores = {}
+    for key, value in _parse_assignments(scores, "--score"):
+        try:
+            parsed_scores[key] = float(value)
+        except ValueError:
+            raise InputError(f"--score {key}={value}: {value!r} is not a number") from None
+    parsed_ckpts = []
+    for step, uri in _parse_assignments(checkpoints, "--checkpoint"):
+        if not step.lstrip("-").isdigit():
+            raise InputError(f"--checkpoint {step}={uri}: the step must be a whole number")
+        parsed_ckpts.append((int(step), uri))
+    reg = open_from(ctx)
+    reg.set_outcome(run, verdict=verdict, scores=parsed_scores, notes=notes, checkpoints=parsed_ckpts)
+    if status:
+        reg.set_status(run, status)
+    click.echo(f"outcome of {run} updated")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def delete(ctx: click.Context, run: str, yes: bool) -> None:
+    """Delete a run and all its series."""
+    if not yes:
+        click.confirm(f"delete run {run} and all its metrics?", abort=True)
+    click.echo(f"deleted run {open_from(ctx).delete_run(run)}")
+
+
+@cli.group()
+def dictionary() -> None:
+    """The metric dictionary: list, show, import, export, history."""
+
+
+@dictionary.command("list")
+@click.option("--layer", type=click.Choice(["objective", "constraint", "diagnostic"]))
+@json_option
+@click.pass_context
+def dictionary_list(ctx: click.Context, layer: str | None, as_json: bool) -> None:
+    """Every canonical metric definition, by layer."""
+    from .dictionary import definition_to_dict, list_definitions
+
+    reg = open_from(ctx.find_root())
+    with reg.read() as session:
+        defs = [definition_to_dict(d) for d in list_definitions(session, layer)]
+    if as_json:
+        echo_json(defs)
+        return
+    table = Table(title=f"{len(defs)} metric definitions", title_justify="left")
+    for col in ("layer", "name", "quantity", "averaging", "KL est.", "norm. axis", "logging point", "healthy", "aliases"):
+        table.add_column(col, overflow="fold")
+    for d in defs:
+        hr = d["healthy_range"]
+        healthy = "" if hr["low"] is None and hr["high"] is None else f"{_fmt(hr['low'])}..{_fmt(hr['high'])}"
+        table.add_row(d["layer"], d["name"], d["quantity"], d["averaging"] or "", d["kl_estimator"] or "",
+                      d["normalization_axis"] or "", d["logging_point"] or "", healthy, str(len(d["aliases"])))
+    console.print(table)
+
+
+@dictionary.command("show")
+@click.argument("name")
+@json_option
+@click.pass_context
+def dictionary_show(ctx: click.Context, name: str, as_json: bool) -> None:
+    """One definition with its semantics and framework aliases."""
+    from .dictionary import definition_to_dict, get_definition
+
+    reg = open_from(ctx.find_root())
+    with reg.read() as session:
+        defn = get_definition(session, name)
+        data = definition_to_dict(defn)
+        data["version"] = defn.version
+        data["history"] = [
+            {"version": v.version, "author": v.author, "at": v.created_at.isoformat(), "note": v.change_note,
+             "changed": v.changed_fields}
+            for v in defn.versions
+        ]
+    if as_json:
+        echo_json(data)
+        return
+    console.print(f"[bold]{data['name']}[/bold] — {data['display_name']} (v{data['version']}, {data['layer']})",
+                  highlight=False)
+    for f in ("description", "formula", "unit", "quantity", "averaging", "kl_estimator", "normalization_axis",
+              "logging_point", "higher_is_better", "smoothing_window"):
+        if data[f] not in (None, ""):
+            console.print(f"  {f}: {data[f]}", highlight=False, markup=False)
+    hr = data["healthy_range"]
+    console.print(f"  healthy range: {_fmt(hr['low'])} .. {_fmt(hr['high'])}", markup=False)
+    for task, r in data["task_ranges"].items():
+        console.print(f"    {task}: {_fmt(r['low'])} .. {_fmt(r['high'])}", markup=False)
+    aliases = Table(title="aliases", title_justify="left")
+    for col in ("framework", "algorithm", "key", "semantics", "aggregation", "source"):
+        aliases.add_column(col, overflow="fold")
+    for a in data["aliases"]:
+        sem = ", ".join(f"{k}={a[k]}" for k in ("kl_estimator", "averaging", "normalization_axis", "logging_point") if a[k])
+        if a["sign"] != 1.0:
+            sem += f", sign={a['sign']:g}"
+        aliases.add_row(a["framework"], a["algorithm"], a["key"], sem, a["aggregation"], a["source"])
+    console.print(aliases)
+
+
+@dictionary.command("import")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--author", default="cli", show_default=True)
+@click.option("--note", default="", help="Why: recorded in each changed definition's history.")
+@json_option
+@click.pass_context
+def dictionary_import(ctx: click.Context, path: Path, author: str, note: str, as_json: bool) -> None:
+    """Import definitions from YAML or JSON; each changed definition gets a new version."""
+    from .dictionary import import_definitions, read_document
+
+    specs = read_document(path)
+    reg = open_from(ctx.find_root())
+    with reg.transaction() as session:
+        report = import_definitions(session, specs, author=author, note=note or f"imported from {path.name}")
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(f"created {len(report.created)}, updated {len(report.updated)}, unchanged {len(report.unchanged)}")
+
+
+@dictionary.command("export")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="File (default: stdout).")
+@click.pass_context
+def dictionary_export(ctx: click.Context, fmt: str, output: Path | None) -> None:
+    """Export the whole dictionary, ready to keep in git and import elsewhere."""
+    from .dictionary import dump_document, export_document
+
+    reg = open_from(ctx.find_root())
+    with reg.read() as session:
+        text = dump_document(export_document(session), fmt)
+    if output:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command()
+@click.option("--db", "demo_db", default="demo-registry/rlregistry.db", show_default=True,
+              help="SQLite file the demo fills (reused when it exists).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5000, show_default=True)
+@click.option("--serve/--no-serve", default=True, show_default=True, help="Serve the web UI afterwards.")
+@click.option("--shared-data", type=click.Path(path_type=Path), help="Directory of real TensorBoard runs to add.")
+def demo(demo_db: str, host: str, port: int, serve: bool, shared_data: Path | None) -> None:
+    """Fill a SQLite registry with realistic PPO and GRPO runs, then serve the UI on 127.0.0.1."""
+    from .demo import build_demo
+
+    url = f"sqlite:///{Path(demo_db).resolve()}"
+    Path(demo_db).resolve().parent.mkdir(parents=True, exist_ok=True)
+    summary = build_demo(url, shared_data=shared_data, echo=click.echo)
+    click.echo(summary)
+    if serve:
+        _serve(url, host, port)
+
+
+def _serve(url: str, host: str, port: int) -> None:
+    try:
+        from .web import create_app
+    except ImportError:
+        click.echo("the web UI is not part of this build; the registry is ready for the CLI and Python API")
+        return
+    from waitress import serve as waitress_serve
+
+    app = create_app({"DATABASE_URL": url})
+    click.echo(f"serving on http://{host}:{port}/  (Ctrl-C to stop)")
+    waitress_serve(app, host=host, port=port, threads=8)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5000, show_default=True)
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the web UI and JSON API (127.0.0.1 by default)."""
+    from .db import default_database_url
+
+    _serve(ctx.obj["db_url"] or default_database_url(), host, port)
+
+
+def main() -> None:
+    cli(prog_name="rlreg")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

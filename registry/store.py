@@ -1,0 +1,756 @@
+"""The registry: the Python API every surface (CLI, web, importers, training loops) goes through.
+
+Every public write is one database transaction: a registration either lands whole or not
+at all. Series are append-only; points arrive as encoded chunks (see ``codec``) and the
+series row keeps summary columns current so listings never decode arrays.
+"""
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.orm import Session, selectinload
+
+from . import codec, migrate
+from .binding import AliasIndex, Binding, normalize_framework
+from .db import default_database_url, make_engine, make_session_factory
+from .dictionary import ensure_default_dictionary, healthy_range_for
+from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
+from .hparams import iter_typed, restore_value
+from .models import (
+    RUN_STATUSES,
+    VERDICTS,
+    Checkpoint,
+    IngestBatch,
+    MetricDefinition,
+    OutcomeScore,
+    Run,
+    RunParam,
+    RunTag,
+    Series,
+    SeriesChunk,
+    utcnow,
+)
+from .semantics import SEMANTIC_FIELDS, check_enum
+from .series import SeriesBuilder, SeriesData, check_batch, summarize
+
+# Points per stored chunk: a 100k-point curve is two rows; streamed appends are compacted
+# back into chunks of this size once a series has collected many small ones.
+CHUNK_POINTS = 65536
+COMPACT_AFTER_CHUNKS = 32
+MAX_NAME_LENGTH = 200
+
+
+@dataclass
+class RegistrationResult:
+    run_id: str
+    name: str
+    framework: str | None
+    source_format: str | None
+    series_count: int
+    point_count: int
+    mapped: dict[str, str] = field(default_factory=dict)                 # raw key -> canonical name
+    unmapped: dict[str, list[str]] = field(default_factory=dict)         # raw key -> suggestions
+    warnings: list[str] = field(default_factory=list)
+    replaced: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _check_text(value: str | None, what: str, max_len: int = MAX_NAME_LENGTH) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{what} must be text, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise InputError(f"{what} is longer than {max_len} characters")
+    if any(ord(c) < 32 and c not in "\t" for c in value):
+        raise InputError(f"{what} contains control characters")
+    return value
+
+
+class Registry:
+    """A registry database (SQLite file or PostgreSQL server).
+
+    >>> reg = Registry("sqlite:///runs.db")
+    >>> with reg.start_run("grpo-lr1e-6", project="math", algorithm="GRPO", framework="verl") as run:
+    ...     run.log(1, {"critic/score/mean": 0.1, "actor/ppo_kl": 1e-4})
+    """
+
+    def __init__(self, url: str | None = None, *, upgrade: bool = True):
+        self.url = url or default_database_url()
+        self.engine = make_engine(self.url)
+        self._sessions = make_session_factory(self.engine)
+        if upgrade:
+            migrate.upgrade(self.engine)
+            with self.transaction() as session:
+                ensure_default_dictionary(session)
+
+    @classmethod
+    def open(cls, url: str | None = None) -> Registry:
+        return cls(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session whose work commits together, or rolls back together on any error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            yield session
+
+    # --- runs -------------------------------------------------------------------
+
+    def resolve_run(self, session: Session, ref: str) -> Run:
+        """A run by id, by unique id prefix (6+ characters) or by unique name."""
+        run = session.get(Run, ref)
+        if run is not None:
+            return run
+        by_name = list(session.scalars(select(Run).where(Run.name == ref).limit(2)))
+        if len(by_name) == 1:
+            return by_name[0]
+        if len(by_name) > 1:
+            raise NotFoundError(f"several runs are named {ref!r}; use the run id")
+        if len(ref) >= 6 and all(c in "0123456789abcdef" for c in ref):
+            by_prefix = list(session.scalars(select(Run).where(Run.id.startswith(ref)).limit(2)))
+            if len(by_prefix) == 1:
+                return by_prefix[0]
+        raise NotFoundError(f"no run with id or name {ref!r}")
+
+    def _new_run(
+        self,
+        session: Session,
+        *,
+        name: str,
+        project: str,
+        algorithm: str | None,
+        framework: str | None,
+        task: str | None,
+        params: Mapping[str, Any] | None,
+        tags: Sequence[str] | None,
+        code_version: str | None,
+        status: str,
+        run_id: str | None = None,
+    ) -> Run:
+        _check_text(name, "run name")
+        if not name or not name.strip():
+            raise InputError("run name must not be empty")
+        for value, what in ((project, "project"), (algorithm, "algorithm"), (task, "task"),
+                            (code_version, "code version")):
+            _check_text(value, what)
+        if status not in RUN_STATUSES:
+            raise InputError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
+        run = Run(
+            id=run_id or uuid.uuid4().hex,
+            name=name.strip(),
+            project=project or "default",
+            algorithm=algorithm.upper() if algorithm else None,
+            framework=normalize_framework(framework),
+            task=task,
+            code_version=code_version,
+            status=status,
+        )
+        session.add(run)
+        seen = set()
+        for key, vtype, num, text in iter_typed(params or {}):
+            _check_text(key, "hyperparameter name", 300)
+            if key in seen:
+                raise InputError(f"hyperparameter {key!r} is given twice")
+            seen.add(key)
+            session.add(RunParam(run=run, key=key, value_type=vtype, num_value=num, text_value=text))
+        for tag in dict.fromkeys(tags or ()):
+            _check_text(tag, "tag")
+            if tag.strip():
+                session.add(RunTag(run=run, tag=tag.strip()))
+        return run
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        project: str = "default",
+        algorithm: str | None = None,
+        framework: str | None = None,
+        task: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
+        code_version: str | None = None,
+        run_id: str | None = None,
+        semantics: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> RunHandle:
+        """Start a run that a training loop will stream into (status ``running``)."""
+        with self.transaction() as session:
+            if run_id is not None and session.get(Run, run_id) is not None:
+                raise AlreadyRegisteredError(run_id, session.get(Run, run_id).name)
+            run = self._new_run(
+                session, name=name, project=project, algorithm=algorithm, framework=framework, task=task,
+                params=params, tags=tags, code_version=code_version, status="running", run_id=run_id,
+            )
+            return RunHandle(self, run.id, run.framework, run.algorithm, semantics)
+
+    def start_run(self, name: str, **kwargs: Any) -> RunHandle:
+        return self.create_run(name, **kwargs)
+
+    def resume_run(self, ref: str, semantics: Mapping[str, Mapping[str, Any]] | None = None) -> RunHandle:
+        """A handle for appending to an existing run (after a trainer restart, say)."""
+        with self.read() as session:
+            run = self.resolve_run(session, ref)
+            return RunHandle(self, run.id, run.framework, run.algorithm, semantics)
+
+    def delete_run(self, ref: str) -> str:
+        with self.transaction() as session:
+            run = self.resolve_run(session, ref)
+            run_id = run.id
+            session.delete(run)
+        return run_id
+
+    # --- series writes ----------------------------------------------------------
+
+    def _bind(
+        self, index: AliasIndex, key: str, framework: str | None, algorithm: str | None,
+        overrides: Mapping[str, Mapping[str, Any]] | None,
+    ) -> Binding:
+        override = dict((overrides or {}).get(key) or {})
+        forced = override.pop("definition", None)
+        bad = set(override) - set(SEMANTIC_FIELDS)
+        if bad:
+            raise InputError(f"metric {key!r}: cannot override {', '.join(sorted(bad))}")
+        for f, v in override.items():
+            try:
+                check_enum(f, v)
+            except ValueError as exc:
+                raise InputError(f"metric {key!r}: {exc}") from None
+        try:
+            return index.bind(key, framework, algorithm, override, definition=forced)
+        except KeyError:
+            raise InputError(f"metric {key!r}: no definition named {forced!r}") from None
+
+    def _write_series(
+        self, session: Session, run: Run, index: AliasIndex, data: Mapping[str, SeriesData],
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, Binding]:
+        """Append arrays to a run's series, creating and binding series on first sight."""
+        existing = {s.key: s for s in session.scalars(select(Series).where(Series.run_id == run.id))}
+        bindings = {}
+        for key, sd in data.items():
+            series = existing.get(key)
+            if series is None:
+                binding = self._bind(index, key, run.framework, run.algorithm, overrides)
+                bindings[key] = binding
+                series = Series(
+                    run_id=run.id, key=key, definition_id=binding.definition_id,
+                    definition_version=binding.definition_version, alias_framework=binding.alias_framework,
+                    sign=binding.sign, semantics=binding.semantics, overrides=binding.overrides,
+                )
+                session.add(series)
+                session.flush()
+            check_batch(key, sd.steps, sd.values, series.last_step, run.name)
+            if len(sd.steps):
+                self._append_chunks(session, series, sd)
+        run.data_version += 1
+        run.updated_at = utcnow()
+        return bindings
+
+    def _append_chunks(self, session: Session, series: Series, sd: SeriesData) -> None:
+        rows = []
+        for start in range(0, len(sd.steps), CHUNK_POINTS):
+            sl = slice(start, start + CHUNK_POINTS)
+            rows.append(
+                {
+                    "series_id": series.id,
+                    "seq": series.chunk_count + len(rows),
+                    "n": len(sd.steps[sl]),
+                    "steps": codec.encode_steps(sd.steps[sl]),
+                    "values": codec.encode_values(sd.values[sl]),
+                    "wall_times": None if sd.wall_times is None else codec.encode_values(sd.wall_times[sl]),
+                }
+            )
+        session.execute(SeriesChunk.__table__.insert(), rows)
+        s = summarize(sd.steps, sd.values)
+        if series.count == 0:
+            series.first_step, series.first_value = s.first_step, s.first_value
+        series.last_step, series.last_value = s.last_step, s.last_value
+        series.count += s.count
+        series.nan_count += s.nan_count
+        series.inf_count += s.inf_count
+        series.finite_sum += s.finite_sum
+        if s.min_value is not None:
+            series.min_value = s.min_value if series.min_value is None else min(series.min_value, s.min_value)
+            series.max_value = s.max_value if series.max_value is None else max(series.max_value, s.max_value)
+        series.chunk_count += len(rows)
+        if series.chunk_count > COMPACT_AFTER_CHUNKS:
+            self._compact(session, series)
+
+    def _compact(self, session: Session, series: Series) -> None:
+        data = self._read_chunks(session, series.id)
+        session.execute(delete(SeriesChunk).where(SeriesChunk.series_id == series.id))
+        series.chunk_count = 0
+        rows = []
+        for start in range(0, len(data.steps), CHUNK_POINTS):
+            sl = slice(start, start + CHUNK_POINTS)
+            rows.append({
+                "series_id": series.id, "seq": len(rows), "n": len(data.steps[sl]),
+                "steps": codec.encode_steps(data.steps[sl]), "values": codec.encode_values(data.values[sl]),
+                "wall_times": None if data.wall_times is None else codec.encode_values(data.wall_times[sl]),
+            })
+        session.execute(SeriesChunk.__table__.insert(), rows)
+        series.chunk_count = len(rows)
+
+    def append(
+        self,
+        run_ref: str,
+        data: Mapping[str, SeriesData],
+        *,
+        batch_id: str | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
+        """Append points to a running run; returns False when ``batch_id`` was already applied."""
+        with self.transaction() as session:
+            run = self.resolve_run(session, run_ref)
+            if batch_id is not None:
+                if session.get(IngestBatch, (run.id, batch_id)) is not None:
+                    return False
+                session.add(IngestBatch(run_id=run.id, batch_id=batch_id))
+            self._write_series(session, run, AliasIndex.load(session), data, overrides)
+            return True
+
+    # --- registration from files -------------------------------------------------
+
+    def register(
+        self,
+        path: str | Path,
+        *,
+        format: str | None = None,
+        name: str | None = None,
+        project: str = "default",
+        algorithm: str | None = None,
+        framework: str | None = None,
+        task: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
+        code_version: str | None = None,
+        status: str = "finished",
+        on_disorder: str = "error",
+        replace: bool = False,
+        semantics: Mapping[str, Mapping[str, Any]] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> RegistrationResult:
+        """Register one run from a training log (TensorBoard dir, trainer_state.json, verl log, CSV, JSONL)."""
+        from .importers import fingerprint, open_source
+
+        source = open_source(Path(path), format)
+        fp = fingerprint(source)
+        with self.read() as session:
+            previous = session.scalar(select(Run).where(Run.source_fingerprint == fp))
+            if previous is not None and not replace:
+                raise AlreadyRegisteredError(previous.id, previous.name)
+        builder = SeriesBuilder(str(path), on_disorder)
+        for i, point in enumerate(source.points(), 1):
+            builder.add(point)
+            if progress is not None and i % 10000 == 0:
+                progress(10000)
+        data = builder.build()
+        if not data:
+            raise InputError("no metric points found", str(path))
+        merged_params = {**source.params, **(params or {})}
+        warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
+        with self.transaction() as session:
+            index = AliasIndex.load(session)
+            fw = normalize_framework(framework or source.framework) or index.detect_framework(data)
+            replaced = None
+            if replace:
+                old = session.scalar(select(Run).where(Run.source_fingerprint == fp))
+                if old is not None:
+                    replaced = old.id
+                    session.delete(old)
+                    session.flush()
+            run = self._new_run(
+                session,
+                name=name or source.name or Path(path).name,
+                project=project,
+                algorithm=algorithm or source.algorithm,
+                framework=fw,
+                task=task or source.task,
+                params=merged_params,
+                tags=tags,
+                code_version=code_version,
+                status=status,
+            )
+            run.source_format = source.format
+            run.source_path = str(path)
+            run.source_fingerprint = fp
+            if status != "running":
+                run.finished_at = utcnow()
+            session.flush()
+            bindings = self._write_series(session, run, index, data, semantics)
+            result = RegistrationResult(
+                run_id=run.id, name=run.name, framework=fw, source_format=source.format,
+                series_count=len(data), point_count=builder.point_count,
+                mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
+                unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
+                warnings=warnings, replaced=replaced,
+            )
+        return result
+
+    def register_arrays(
+        self,
+        name: str,
+        data: Mapping[str, SeriesData | tuple[Sequence[int], Sequence[float]]],
+        *,
+        status: str = "finished",
+        semantics: Mapping[str, Mapping[str, Any]] | None = None,
+        outcome: Mapping[str, Any] | None = None,
+        **run_fields: Any,
+    ) -> RegistrationResult:
+        """Register a whole run at once from in-memory arrays (one transaction)."""
+        series = {k: v if isinstance(v, SeriesData) else SeriesData(np.asarray(v[0], np.int64), np.asarray(v[1], np.float64))
+                  for k, v in data.items()}
+        with self.transaction() as session:
+            index = AliasIndex.load(session)
+            fw = normalize_framework(run_fields.pop("framework", None)) or index.detect_framework(series)
+            run = self._new_run(session, name=name, framework=fw, status=status,
+                                project=run_fields.pop("project", "default"),
+                                algorithm=run_fields.pop("algorithm", None), task=run_fields.pop("task", None),
+                                params=run_fields.pop("params", None), tags=run_fields.pop("tags", None),
+                                code_version=run_fields.pop("code_version", None), run_id=run_fields.pop("run_id", None))
+            if run_fields:
+                raise TypeError(f"unknown run field(s): {', '.join(run_fields)}")
+            if status != "running":
+                run.finished_at = utcnow()
+            session.flush()
+            bindings = self._write_series(session, run, index, series, semantics)
+            if outcome:
+                self._apply_outcome(session, run, **outcome)
+            return RegistrationResult(
+                run_id=run.id, name=run.name, framework=fw, source_format="api",
+                series_count=len(series), point_count=sum(len(s) for s in series.values()),
+                mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
+                unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
+            )
+
+    # --- outcome and status -----------------------------------------------------
+
+    def _apply_outcome(
+        self, session: Session, run: Run, *, verdict: str | None = None,
+        scores: Mapping[str, float] | None = None, notes: str | None = None,
+        checkpoints: Sequence[tuple[int, str] | tuple[int, str, str]] | None = None,
+    ) -> None:
+        if verdict is not None:
+            if verdict not in VERDICTS:
+                raise InputError(f"verdict must be one of {', '.join(VERDICTS)}; got {verdict!r}")
+            run.verdict = verdict
+        if notes is not None:
+            run.notes = _check_text(notes, "notes", 100000)
+        for score_name, value in (scores or {}).items():
+            _check_text(score_name, "score name")
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"score {score_name!r} must be a number, got {value!r}") from None
+            row = session.get(OutcomeScore, (run.id, score_name))
+            if row is None:
+                session.add(OutcomeScore(run_id=run.id, name=score_name, value=value))
+            else:
+                row.value = value
+        for ckpt in checkpoints or ():
+            step, uri, *rest = ckpt
+            _check_text(uri, "checkpoint reference", 2000)
+            row = session.scalar(select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.step == int(step)))
+            if row is None:
+                session.add(Checkpoint(run_id=run.id, step=int(step), uri=uri, note=rest[0] if rest else None))
+            else:
+                row.uri = uri
+                row.note = rest[0] if rest else row.note
+        run.data_version += 1
+        run.updated_at = utcnow()
+
+    def set_outcome(self, run_ref: str, **outcome: Any) -> None:
+        """Record final scores, verdict, notes and checkpoints (each part optional)."""
+        with self.transaction() as session:
+            self._apply_outcome(session, self.resolve_run(session, run_ref), **outcome)
+
+    def set_status(self, run_ref: str, status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise InputError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
+        with self.transaction() as session:
+            run = self.resolve_run(session, run_ref)
+            run.status = status
+            if status in ("finished", "crashed"):
+                run.finished_at = utcnow()
+            run.data_version += 1
+
+    # --- reads ------------------------------------------------------------------
+
+    def _read_chunks(self, session: Session, series_id: int) -> SeriesData:
+        rows = session.execute(
+            select(SeriesChunk.steps, SeriesChunk.values, SeriesChunk.wall_times)
+            .where(SeriesChunk.series_id == series_id)
+            .order_by(SeriesChunk.seq)
+        ).all()
+        if not rows:
+            return SeriesData(np.empty(0, np.int64), np.empty(0, np.float64))
+        if len(rows) == 1:
+            steps, values, walls = rows[0]
+            return SeriesData(codec.decode_steps(steps), codec.decode_values(values), codec.decode_values(walls))
+        steps = np.concatenate([codec.decode_steps(r[0]) for r in rows])
+        values = np.concatenate([codec.decode_values(r[1]) for r in rows])
+        walls = None
+        if any(r[2] is not None for r in rows):
+            walls = np.concatenate([
+                codec.decode_values(r[2]) if r[2] is not None else np.full(len(codec.decode_steps(r[0])), np.nan)
+                for r in rows
+            ])
+        return SeriesData(steps, values, walls)
+
+    def read_series(self, run_ref: str, key: str, *, canonical: bool = False) -> SeriesData:
+        """One series of a run by raw key (or canonical name when ``canonical``), sign applied if canonical."""
+        with self.read() as session:
+            run = self.resolve_run(session, run_ref)
+            series = self._find_series(session, run, key, canonical)
+            data = self._read_chunks(session, series.id)
+            if canonical and series.sign != 1.0:
+                data = SeriesData(data.steps, data.values * series.sign, data.wall_times)
+            return data
+
+    def _find_series(self, session: Session, run: Run, key: str, canonical: bool) -> Series:
+        series = session.scalar(select(Series).where(Series.run_id == run.id, Series.key == key))
+        if series is None and canonical:
+            series = session.scalar(
+                select(Series).join(MetricDefinition).where(Series.run_id == run.id, MetricDefinition.name == key)
+                .order_by(Series.key).limit(1)
+            )
+        if series is None:
+            raise NotFoundError(f"run {run.name!r} has no metric {key!r}")
+        return series
+
+    def canonical_curves(self, run_ref: str) -> dict[str, SeriesData]:
+        """Every mapped series of a run under its canonical name, in canonical sign.
+
+        When two raw keys bind to the same definition (rare: a run logging both verl's
+        ``actor/kl_loss`` and a custom ``kl``), the one with more points wins.
+        """
+        with self.read() as session:
+            run = self.resolve_run(session, run_ref)
+            rows = session.execute(
+                select(Series, MetricDefinition.name).join(MetricDefinition).where(Series.run_id == run.id)
+                .order_by(Series.count.desc())
+            ).all()
+            out: dict[str, SeriesData] = {}
+            for series, name in rows:
+                if name in out:
+                    continue
+                data = self._read_chunks(session, series.id)
+                out[name] = SeriesData(data.steps, data.values * series.sign, data.wall_times) if series.sign != 1.0 else data
+            return out
+
+    def run_detail(self, run_ref: str) -> dict[str, Any]:
+        """Everything known about a run, JSON-ready (hyperparameters, outcome, bindings, summaries)."""
+        with self.read() as session:
+            run = self.resolve_run(session, run_ref)
+            run = session.scalar(
+                select(Run).where(Run.id == run.id).options(
+                    selectinload(Run.params), selectinload(Run.tags), selectinload(Run.scores),
+                    selectinload(Run.checkpoints), selectinload(Run.series).selectinload(Series.definition),
+                )
+            )
+            return run_to_dict(run, full=True)
+
+    def list_runs(
+        self,
+        *,
+        where: str | None = None,
+        project: str | None = None,
+        tag: str | None = None,
+        verdict: str | None = None,
+        status: str | None = None,
+        order_by: str = "-created_at",
+        limit: int | None = 100,
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Runs matching the filters (``where`` in the filter language), and the total match count."""
+        from .filters import ORDERABLE, compile_filter
+
+        query = select(Run)
+        conditions = []
+        if where:
+            conditions.append(compile_filter(where))
+        if project:
+            conditions.append(Run.project == project)
+        if tag:
+            conditions.append(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
+        if verdict:
+            conditions.append(Run.verdict == verdict)
+        if status:
+            conditions.append(Run.status == status)
+        if conditions:
+            query = query.where(*conditions)
+        desc = order_by.startswith("-")
+        column = ORDERABLE.get(order_by.lstrip("-"))
+        if column is None:
+            raise InputError(f"cannot sort by {order_by.lstrip('-')!r}; choose from {', '.join(ORDERABLE)}")
+        with self.read() as session:
+            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            page = query.order_by(column.desc() if desc else column.asc(), Run.id).offset(offset)
+            if limit is not None:
+                page = page.limit(limit)
+            page = page.options(selectinload(Run.params), selectinload(Run.tags), selectinload(Run.scores))
+            return [run_to_dict(r) for r in session.scalars(page)], total
+
+    def definitions_by_name(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        from .dictionary import definition_to_dict, list_definitions
+
+        with self.read() as session:
+            return {d.name: definition_to_dict(d) for d in list_definitions(session) if not names or d.name in names}
+
+    def healthy_range(self, definition: Mapping[str, Any], task: str | None) -> tuple[float | None, float | None]:
+        return healthy_range_for(definition, task)
+
+
+def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": run.id,
+        "name": run.name,
+        "project": run.project,
+        "algorithm": run.algorithm,
+        "framework": run.framework,
+        "task": run.task,
+        "status": run.status,
+        "verdict": run.verdict,
+        "code_version": run.code_version,
+        "tags": sorted(t.tag for t in run.tags),
+        "params": {p.key: restore_value(p.value_type, p.num_value, p.text_value) for p in sorted(run.params, key=lambda p: p.key)},
+        "scores": {s.name: s.value for s in run.scores},
+        "created_at": run.created_at.isoformat() if run.created_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "data_version": run.data_version,
+    }
+    if full:
+        out["notes"] = run.notes
+        out["source"] = {"format": run.source_format, "path": run.source_path, "fingerprint": run.source_fingerprint}
+        out["checkpoints"] = [{"step": c.step, "uri": c.uri, "note": c.note} for c in run.checkpoints]
+        out["series"] = [series_to_dict(s) for s in run.series]
+    return out
+
+
+def series_to_dict(s: Series) -> dict[str, Any]:
+    return {
+        "key": s.key,
+        "definition": s.definition.name if s.definition else None,
+        "layer": s.definition.layer if s.definition else None,
+        "definition_version": s.definition_version,
+        "alias_framework": s.alias_framework,
+        "sign": s.sign,
+        "semantics": s.semantics,
+        "overrides": s.overrides,
+        "count": s.count,
+        "nan_count": s.nan_count,
+        "inf_count": s.inf_count,
+        "first_step": s.first_step,
+        "last_step": s.last_step,
+        "first": s.first_value,
+        "last": s.last_value,
+        "min": s.min_value,
+        "max": s.max_value,
+        "mean": s.mean_value,
+    }
+
+
+class RunHandle:
+    """Streams metrics from a training loop: buffered, append-only, safe to call every step."""
+
+    def __init__(
+        self, registry: Registry, run_id: str, framework: str | None, algorithm: str | None,
+        semantics: Mapping[str, Mapping[str, Any]] | None = None,
+        flush_points: int = 20000,
+    ):
+        self.registry = registry
+        self.id = run_id
+        self.framework = framework
+        self.algorithm = algorithm
+        self.semantics = dict(semantics or {})
+        self.flush_points = flush_points
+        self._buffer: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        self._buffered = 0
+        self._last_step: dict[str, int] = {}
+
+    def log(self, step: int, metrics: Mapping[str, float], wall_time: float | None = None) -> None:
+        """Buffer one step's metrics; flushed every ``flush_points`` points and on finish."""
+        step = int(step)
+        for key, value in metrics.items():
+            last = self._last_step.get(key)
+            if last is not None and step <= last:
+                raise InputError(f"metric {key!r}: step {step} is not after step {last}; series are append-only")
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"metric {key!r} at step {step}: value {value!r} is not a number") from None
+            steps, values, walls = self._buffer.setdefault(key, ([], [], []))
+            steps.append(step)
+            values.append(value)
+            walls.append(float("nan") if wall_time is None else float(wall_time))
+            self._last_step[key] = step
+            self._buffered += 1
+        if self._buffered >= self.flush_points:
+            self.flush()
+
+    def log_series(self, key: str, steps: Sequence[int], values: Sequence[float]) -> None:
+        """Append many points of one metric at once."""
+        self.flush()
+        self.registry.append(self.id, {key: SeriesData(np.asarray(steps, np.int64), np.asarray(values, np.float64))},
+                             overrides=self.semantics)
+        if len(steps):
+            self._last_step[key] = int(steps[-1])
+
+    def flush(self, batch_id: str | None = None) -> None:
+        if not self._buffer:
+            return
+        data = {
+            k: SeriesData(np.asarray(s, np.int64), np.asarray(v, np.float64),
+                          None if all(w != w for w in ws) else np.asarray(ws, np.float64))
+            for k, (s, v, ws) in self._buffer.items()
+        }
+        self.registry.append(self.id, data, batch_id=batch_id, overrides=self.semantics)
+        self._buffer.clear()
+        self._buffered = 0
+
+    def set_outcome(self, **outcome: Any) -> None:
+        self.registry.set_outcome(self.id, **outcome)
+
+    def finish(self, status: str = "finished") -> None:
+        self.flush()
+        self.registry.set_status(self.id, status)
+
+    def __enter__(self) -> RunHandle:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.finish()
+            return
+        try:
+            self.flush()
+        except RegistryError:
+            pass  # the original exception is the one worth seeing
+        self.registry.set_status(self.id, "crashed")
+
+
+def open_registry(url: str | None = None) -> Registry:
+    """Open (and create or upgrade) a registry; ``sqlite:///path`` or ``postgresql+psycopg://...``."""
+    return Registry(url)
