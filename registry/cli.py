@@ -13,8 +13,9 @@ from rich.table import Table
 
 from .errors import AlreadyRegisteredError, InputError, RegistryError
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (files, grep, tests) gets wide tables instead of 80-column folding.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _jsonable(value: Any) -> Any:
@@ -124,11 +125,9 @@ def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name:
              params_file: Path | None, tags: tuple[str, ...], code_version: str | None, status: str,
              on_disorder: str, semantic_overrides: tuple[str, ...], replace: bool, as_json: bool) -> None:
     """Register runs from training logs: TensorBoard dirs, trainer_state.json, verl logs, CSV, JSONL."""
-    from .importers.params import parse_param_assignment, read_params_file
+    from .importers.params import load_params_file, merge_params, params_from_assignments
 
-    hparams: dict[str, Any] = read_params_file(params_file) if params_file else {}
-    for key, value in _parse_assignments(params, "--param"):
-        hparams[key] = parse_param_assignment(value)
+    hparams = merge_params(load_params_file(params_file) if params_file else {}, params_from_assignments(params))
     semantics = _parse_semantics(semantic_overrides)
     if name and len(paths) > 1:
         raise InputError("--name applies to one run; register several paths without it")

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from .errors import DefinitionError, InputError, NotFoundError
+from .importers.params import _Loader as Yaml12Loader
 from .models import DefinitionVersion, MetricAlias, MetricDefinition, utcnow
 from .semantics import AVERAGING, ENUMS, KL_ESTIMATORS, LOGGING_POINTS, NORMALIZATION_AXES, check_enum
 
@@ -50,7 +51,8 @@ def default_dictionary_text() -> str:
 def parse_document(text: str, source: str = "<dictionary>") -> list[dict[str, Any]]:
     """Parse a YAML or JSON dictionary document into validated definition dicts."""
     try:
-        doc = yaml.safe_load(text)
+        # YAML 1.2 numbers: PyYAML's 1.1 resolver reads JSON's 1e-06 as a string.
+        doc = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         position = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None

@@ -369,7 +369,9 @@ class Registry:
         data = builder.build()
         if not data:
             raise InputError("no metric points found", str(path))
-        merged_params = {**source.params, **(params or {})}
+        from .importers.params import merge_params
+
+        merged_params = merge_params(source.params, dict(params or {}))
         warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
         with self.transaction() as session:
             index = AliasIndex.load(session)
