@@ -32,3 +32,7 @@ class Source:
     name: str | None = None                  # run name hint
     task: str | None = None
     files: list[Path] = field(default_factory=list)  # files read, for the content fingerprint
+    # Things skipped without failing (non-numeric values, text columns). Importers that
+    # skip while streaming fill this in during a pass over points(), so read it after
+    # one full pass; each pass starts it afresh.
+    warnings: list[str] = field(default_factory=list)

@@ -1,0 +1,45 @@
+"""Which importer reads a path, decided by looking at its content.
+
+Content comes first so a CSV saved as ``.txt`` or a JSON Lines file saved as ``.json``
+is still read right; the extension only breaks ties afterwards, so that a damaged
+``run.csv`` is reported by the CSV importer ("no step column") instead of as an
+unknown format.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from registry.errors import UnknownFormatError
+from registry.importers import tabular, tensorboard, trainer_state, verl_log
+from registry.importers.textio import read_head
+
+# In the order they are tried; cheap checks on the head before the verl log scan.
+SNIFFERS: tuple[tuple[str, Callable[[Path, bytes], bool]], ...] = (
+    (tensorboard.FORMAT, tensorboard.sniff),
+    (trainer_state.FORMAT, trainer_state.sniff),
+    (tabular.JSONL_FORMAT, tabular.sniff_jsonl),
+    (tabular.CSV_FORMAT, tabular.sniff_csv),
+    (verl_log.FORMAT, verl_log.sniff),
+)
+_BY_EXTENSION = {
+    ".csv": tabular.CSV_FORMAT,
+    ".jsonl": tabular.JSONL_FORMAT,
+    ".ndjson": tabular.JSONL_FORMAT,
+}
+
+
+def detect_format(path: Path, known: list[str]) -> str:
+    """The format name for ``path``; UnknownFormatError listing ``known`` if none fits."""
+    head = b"" if path.is_dir() else read_head(path)
+    for name, sniff in SNIFFERS:
+        if sniff(path, head):
+            return name
+    if path.is_file() and path.suffix.lower() in _BY_EXTENSION:
+        return _BY_EXTENSION[path.suffix.lower()]
+    what = "directory" if path.is_dir() else "file"
+    raise UnknownFormatError(
+        f"cannot tell what kind of {what} this is; known formats: {', '.join(known)} "
+        "(pass the format explicitly if it is one of them)",
+        str(path),
+    )
