@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from .errors import DefinitionError, InputError, NotFoundError
-from .importers.params import _Loader as Yaml12Loader
+from .importers.params import Yaml12Loader
 from .models import DefinitionVersion, MetricAlias, MetricDefinition, utcnow
 from .semantics import AVERAGING, ENUMS, KL_ESTIMATORS, LOGGING_POINTS, NORMALIZATION_AXES, check_enum
 
