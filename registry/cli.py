@@ -428,6 +428,82 @@ def dictionary_export(ctx: click.Context, fmt: str, output: Path | None) -> None
 
 
 @cli.command()
+@click.argument("run")
+@click.option("--no-baseline", is_flag=True, help="Do not compare with the task's health baseline.")
+@json_option
+@click.pass_context
+def diagnose(ctx: click.Context, run: str, no_baseline: bool, as_json: bool) -> None:
+    """Where did this run go wrong? Findings in triage order, joint readings, rollback point."""
+    from .health import diagnose_run
+
+    result = diagnose_run(open_from(ctx), run, use_baseline=not no_baseline)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    console.print(f"[bold]{run}[/bold]: {result.summary()}", highlight=False)
+    styles = {"critical": "bold red", "warning": "yellow", "info": "dim"}
+    for f in result.findings:
+        console.print(f.summary(), style=styles.get(f.severity), highlight=False, markup=False)
+        if f.severity != "info":
+            if f.likely_causes:
+                console.print(f"    likely: {'; '.join(f.likely_causes)}", highlight=False, markup=False)
+            if f.suggested_action:
+                console.print(f"    do: {f.suggested_action}", highlight=False, markup=False)
+    for j in result.joint_readings:
+        console.print(f"joint reading {j.summary()}\n    {j.interpretation}\n    do: {j.suggested_action}",
+                      highlight=False, markup=False)
+    if result.triage:
+        console.print("triage:", style="bold")
+        for t in result.triage:
+            console.print(f"  {t.order}. [{t.layer}] {t.text}", highlight=False, markup=False)
+
+
+@cli.group()
+def baseline() -> None:
+    """Health baselines per task, learned from runs marked healthy."""
+
+
+@baseline.command("build")
+@click.argument("task")
+@click.option("--run", "runs", multiple=True, help="Learn from these runs (default: runs with verdict success or tag healthy).")
+@click.option("--author", default="cli", show_default=True)
+@json_option
+@click.pass_context
+def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author: str, as_json: bool) -> None:
+    """Learn (or re-learn) the baseline profile of TASK and store it."""
+    from .health import build_task_baseline
+
+    profile = build_task_baseline(open_from(ctx.find_root()), task, list(runs) or None, author=author)
+    if as_json:
+        echo_json(profile.to_dict())
+    else:
+        click.echo(f"baseline for {task}: {len(profile.metrics)} metrics from {profile.n_runs} healthy run(s)")
+
+
+@baseline.command("show")
+@click.argument("task")
+@json_option
+@click.pass_context
+def baseline_show(ctx: click.Context, task: str, as_json: bool) -> None:
+    """The baseline table: metric, early range, mid range, warning signal."""
+    from .health import require_baseline
+
+    profile, meta = require_baseline(open_from(ctx.find_root()), task)
+    if as_json:
+        echo_json({**profile.to_dict(), **meta})
+        return
+    table = Table(title=f"baseline {task}: {profile.n_runs} run(s), updated {meta['updated_at'][:19]} by "
+                        f"{meta['updated_by']}", title_justify="left")
+    for col in ("metric", f"early (<= step {profile.early_end_step})",
+                f"mid (steps {profile.mid_start_step}-{profile.mid_end_step})", "warning signal"):
+        table.add_column(col, overflow="fold")
+    band = lambda b: "" if b is None else f"{b.low:.4g} .. {b.high:.4g} (median {b.median:.4g})"  # noqa: E731
+    for name, m in profile.metrics.items():
+        table.add_row(name, band(m.early), band(m.mid), m.warning)
+    console.print(table)
+
+
+@cli.command()
 @click.option("--db", "demo_db", default="demo-registry/rlregistry.db", show_default=True,
               help="SQLite file the demo fills (reused when it exists).")
 @click.option("--host", default="127.0.0.1", show_default=True)
