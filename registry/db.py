@@ -9,6 +9,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_SQLITE_FILE = "rlregistry.db"
+READ_ONLY_OPTION = "rlregistry_read_only"
 
 
 def default_database_url() -> str:
@@ -51,13 +52,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # noqa: ANN001
-        # IMMEDIATE takes the write lock up front, so concurrent writers wait on the
-        # busy timeout instead of failing with "database is locked" at commit.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the lock up front (IMMEDIATE), so concurrent writers wait on the busy
+        # timeout instead of failing with "database is locked" at commit; readers begin a
+        # deferred transaction, which WAL lets run beside a writer.
+        read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+def make_session_factory(engine: Engine, read_only: bool = False) -> sessionmaker[Session]:
+    bind = engine.execution_options(**{READ_ONLY_OPTION: True}) if read_only else engine
+    return sessionmaker(bind, expire_on_commit=False)
 
 
 def is_sqlite(engine: Engine) -> bool:

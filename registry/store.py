@@ -7,13 +7,14 @@ series row keeps summary columns current so listings never decode arrays.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from . import codec, migrate
@@ -87,6 +88,7 @@ class Registry:
         self.url = url or default_database_url()
         self.engine = make_engine(self.url)
         self._sessions = make_session_factory(self.engine)
+        self._read_sessions = make_session_factory(self.engine, read_only=True)
         if upgrade:
             migrate.upgrade(self.engine)
             with self.transaction() as session:
@@ -113,7 +115,8 @@ class Registry:
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
-        with self._sessions() as session:
+        """A session for reads only: on SQLite it does not take the write lock."""
+        with self._read_sessions() as session:
             yield session
 
     # --- runs -------------------------------------------------------------------
@@ -693,8 +696,9 @@ class RunHandle:
         self._last_step: dict[str, int] = {}
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float | None = None) -> None:
-        """Buffer one step's metrics; flushed every ``flush_points`` points and on finish."""
+        """Buffer one step's metrics (wall time: now, unless given); flushed every ``flush_points`` points and on finish."""
         step = int(step)
+        now = time.time()
         for key, value in metrics.items():
             last = self._last_step.get(key)
             if last is not None and step <= last:
@@ -706,7 +710,7 @@ class RunHandle:
             steps, values, walls = self._buffer.setdefault(key, ([], [], []))
             steps.append(step)
             values.append(value)
-            walls.append(float("nan") if wall_time is None else float(wall_time))
+            walls.append(now if wall_time is None else float(wall_time))
             self._last_step[key] = step
             self._buffered += 1
         if self._buffered >= self.flush_points:
