@@ -1,0 +1,225 @@
+"""The public entry point :func:`diagnose`: detectors, baseline check, joint readings, triage."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .baseline import BaselineProfile
+from .context import Context
+from .detectors import DETECTORS
+from .settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
+from .types import LAYER_RANK, SEVERITY_RANK, Curve, Diagnosis, Finding, JointReading, MetricInfo, TriageStep
+
+
+def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
+             baseline: BaselineProfile | None = None, checkpoints: Sequence[int] = (),
+             settings: DiagnosisSettings | None = None) -> Diagnosis:
+    """Diagnose one run (possibly still training) from its canonical curves.
+
+    ``metrics`` gives each metric's layer, healthy range (task range resolved) and
+    smoothing window; a metric without an entry is judged with ``settings.fallback_ranges``.
+    ``baseline`` adds deviations from healthy runs of the same task as findings;
+    ``checkpoints`` (steps) turns suggested actions into "roll back to checkpoint at step N".
+    """
+    ctx = Context(curves, metrics, settings or DEFAULT_SETTINGS, checkpoints)
+    for _, detector in DETECTORS:
+        ctx.findings.extend(detector(ctx))
+    if baseline is not None:
+        ctx.findings.extend(check_baseline(ctx, baseline))
+    findings = sorted(ctx.findings, key=lambda f: (LAYER_RANK.get(f.layer, 9), -SEVERITY_RANK[f.severity], f.start))
+    joint = joint_readings(ctx, findings)
+    rollback_step, reason = _rollback(ctx, findings)
+    missing = [r for r, names in METRIC_ROLES.items() if not any(ctx.series(m) is not None for m in names)]
+    return Diagnosis(findings=findings, joint_readings=joint, triage=_triage(findings, joint, rollback_step, reason),
+                     rollback_step=rollback_step, rollback_reason=reason, first_step=ctx.first_step,
+                     last_step=ctx.last_step, metrics_checked=sorted(ctx.curves), missing_roles=missing,
+                     baseline_task=baseline.task if baseline is not None else None)
+
+
+# ---------------------------------------------------------------------------------------
+# Baseline comparison
+# ---------------------------------------------------------------------------------------
+def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
+    """Deviations of the run's phase medians from the profile's healthy bands."""
+    st = ctx.s
+    out = []
+    for name, mb in sorted(profile.metrics.items()):
+        if ctx.series(name) is None:
+            continue
+        for phase in ("early", "mid"):
+            band = mb.band(phase)
+            if band is None:
+                continue
+            lo_step, hi_step = profile.phase_bounds(phase)
+            v = ctx.values_between(name, lo_step, hi_step)
+            if v.size < st.baseline_min_points:
+                continue
+            med = float(np.median(v))
+            width = max(band.high - band.low, 1e-12, 1e-6 * abs(band.median))
+            margin = st.baseline_margin * width
+            if band.low - margin <= med <= band.high + margin:
+                continue
+            above = med > band.high
+            dist = (med - band.high) / width if above else (band.low - med) / width
+            sev = "warning" if dist >= st.baseline_warning_widths else "info"
+            hib = ctx.info(name).higher_is_better
+            if hib is not None and above == hib:
+                sev = "info"                     # better than history is not a problem
+            sr = ctx.series(name)
+            start = max(int(sr.raw_steps[0]), lo_step)
+            end = min(int(sr.raw_steps[-1]), hi_step)
+            out.append(ctx.finding(
+                "baseline_deviation", name, start, end, sev,
+                f"{phase} {name} median {med:.4g} is {'above' if above else 'below'} the healthy "
+                f"{profile.task} band [{band.low:.4g}, {band.high:.4g}] ({dist:.1f} band widths)",
+                evidence={"median": med, "band_low": band.low, "band_high": band.high, "band_widths": dist,
+                          "n_runs": mb.n_runs},
+                causes=[mb.warning or "outside the range seen in healthy runs"],
+                check=[f"compare the {phase} {name} curve with the healthy {profile.task} runs",
+                       "hyper-parameters that differ from those runs"],
+                action="align the differing hyper-parameters with the healthy runs of this task",
+                detected_at=end, layer="comparison"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Joint readings
+# ---------------------------------------------------------------------------------------
+def _overlap(a: Finding, b: Finding, tol: int) -> bool:
+    return a.start <= b.end + tol and b.start <= a.end + tol
+
+
+def _trend(ctx: Context, name: str | None, start: int, end: int) -> float | None:
+    """Median of the run in [start, end] minus its median over the stretch just before start."""
+    if name is None:
+        return None
+    sr = ctx.series(name)
+    if sr is None:
+        return None
+    inside = ctx.values_between(name, start, end)
+    span = max(1, end - start)
+    before = ctx.values_between(name, start - span, start - 1)
+    if inside.size < 2:
+        return None
+    if before.size < 2:
+        k = max(1, inside.size // 3)
+        return float(np.median(inside[-k:]) - np.median(inside[:k]))
+    return float(np.median(inside) - np.median(before))
+
+
+def joint_readings(ctx: Context, findings: Sequence[Finding]) -> list[JointReading]:
+    tol = int(ctx.s.joint_overlap_frac * ctx.span)
+    warn = [f for f in findings if f.at_least("warning") and f.layer != "comparison"]
+    by = lambda *dets: [f for f in warn if f.detector in dets]  # noqa: E731
+    out: list[JointReading] = []
+    reward = ctx.first("reward")
+
+    # (a) reward up + KL up (+ clip fraction high): update leaving the trust region
+    for kl in by("kl_spike", "kl_climb"):
+        clip = [f for f in by("clip_high") if _overlap(kl, f, tol)]
+        dr = _trend(ctx, reward, kl.start, kl.end)
+        if not clip and not (dr is not None and dr > 0):
+            continue
+        group = [kl] + clip
+        if any(set(j.finding_ids) >= {f.id for f in group} for j in out):
+            continue
+        ev = {"kl_peak": kl.evidence.get("peak", kl.evidence.get("level_max", float("nan")))}
+        if dr is not None:
+            ev["reward_change"] = dr
+        out.append(JointReading(
+            "trust_region", "update leaving the trust region"
+            + (" (reward up while KL up)" if dr is not None and dr > 0 else " (KL up with clip fraction high)"),
+            min(f.start for f in group), max(f.end for f in group), [f.id for f in group],
+            "KL rises far above its running level while the clip fraction is high: each update moves the "
+            "policy further than the clipped objective is meant to allow"
+            + ("; any reward gain now is not trustworthy" if dr is not None and dr > 0 else ""),
+            "lower the learning rate or raise the KL coefficient (or tighten the clip range / fewer epochs)",
+            ["learning rate and its warm-up", "epochs and minibatch size", "KL coefficient"],
+            severity=max((f.severity for f in group), key=SEVERITY_RANK.get), evidence=ev))
+
+    # (b) reward flat + entropy falling: converging without learning
+    ent = ctx.first("entropy")
+    for rf in by("reward_flat", "reward_drop"):
+        ec = [f for f in by("entropy_collapse") if _overlap(rf, f, tol)]
+        falling = False
+        ev: dict[str, float] = {}
+        if ent is not None:
+            v = ctx.values_between(ent, rf.start, rf.end)
+            if v.size >= 6:
+                k = max(2, v.size // 6)
+                e0, e1 = float(np.median(v[:k])), float(np.median(v[-k:]))
+                ev = {"entropy_start": e0, "entropy_end": e1}
+                falling = e0 > 0 and e1 < 0.85 * e0
+        if not ec and not falling:
+            continue
+        group = [rf] + ec
+        out.append(JointReading(
+            "converging_without_learning", "reward flat while entropy falls: converging without learning",
+            min(f.start for f in group), max(f.end for f in group), [f.id for f in group],
+            "the policy is becoming deterministic without the reward improving: it is converging to a "
+            "poor solution",
+            "check the advantage std and the reward sparsity; add an entropy bonus or reshape the reward",
+            ["advantage std / reward std", "how often a non-zero reward is seen", "entropy coefficient"],
+            severity=max((f.severity for f in group), key=SEVERITY_RANK.get), evidence=ev))
+
+    # (c) length up + reward flat: reward hacking
+    for lh in by("length_hacking"):
+        group = [lh] + [f for f in by("reward_flat", "reward_drop", "signal_collapse") if _overlap(lh, f, tol)]
+        ev = {k: v for k, v in lh.evidence.items() if k.endswith("_change") or k == "growth"}
+        out.append(JointReading(
+            "reward_hacking", "response length up while reward is flat: likely reward hacking",
+            min(f.start for f in group), max(f.end for f in group), [f.id for f in group],
+            "responses get longer without the reward improving: the policy is exploiting something other "
+            "than the task (a format/process reward, a length-correlated loophole)",
+            "inspect the reward decomposition (accuracy / format / process) and samples of long responses",
+            ["reward_accuracy_mean vs reward_format_mean", "truncation at the max length", "length penalty"],
+            severity="warning", evidence=ev))
+
+    # (d) numerical divergence: non-finite values with spikes just before
+    for nf in by("nan_inf")[:1]:
+        pre = [f for f in by("grad_norm_spikes", "kl_spike", "policy_loss_growing")
+               if f.start <= nf.start + tol]
+        if pre:
+            group = [nf] + pre
+            out.append(JointReading(
+                "numerical_divergence", "spikes followed by NaN/Inf: the run diverged numerically",
+                min(f.start for f in group), max(f.end for f in group), [f.id for f in group],
+                "gradient or KL spikes precede the first non-finite value: the optimisation blew up",
+                "roll back before the first spike; lower the learning rate and clip gradients",
+                ["grad norm before the first NaN", "mixed-precision settings"], severity="critical"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Triage and rollback
+# ---------------------------------------------------------------------------------------
+def _rollback(ctx: Context, findings: Sequence[Finding]) -> tuple[int | None, str | None]:
+    serious = [f for f in findings if f.at_least("warning") and f.layer != "comparison"]
+    if not serious:
+        return None, None
+    first = min(serious, key=lambda f: (f.start, -f.severity_rank))
+    step = ctx.rollback_before(first.start)
+    if step is None:
+        if ctx.checkpoints:
+            return None, f"no checkpoint before the first problem at step {first.start} ({first.detector})"
+        return None, None
+    return step, f"latest checkpoint before the first problem ({first.detector} on {first.metric} at step {first.start})"
+
+
+def _triage(findings: Sequence[Finding], joint: Sequence[JointReading], rollback_step: int | None,
+            reason: str | None) -> list[TriageStep]:
+    steps: list[TriageStep] = []
+    for layer in ("diagnostic", "constraint", "objective", "comparison"):
+        for f in findings:
+            if f.layer != layer or not f.at_least("warning"):
+                continue
+            nxt = f"; check {f.check_next[0]}" if f.check_next else ""
+            reading = next((j for j in joint if f.id in j.finding_ids), None)
+            also = f" [read with: {reading.title}]" if reading else ""
+            steps.append(TriageStep(len(steps) + 1, layer, f"{f.summary()}{nxt}{also}", [f.id]))
+    if rollback_step is not None:
+        steps.append(TriageStep(len(steps) + 1, "rollback", f"roll back to checkpoint at step {rollback_step}: {reason}"))
+    elif reason:
+        steps.append(TriageStep(len(steps) + 1, "rollback", reason))
+    return steps

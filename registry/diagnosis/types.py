@@ -1,0 +1,263 @@
+"""Input and output types of run diagnosis.
+
+Input: a run as canonical curves (:class:`Curve` keyed by canonical metric name) plus one
+:class:`MetricInfo` per metric, taken from the metric dictionary with the task range already
+resolved. Output: a :class:`Diagnosis` holding :class:`Finding` objects (one detector's
+verdict on one metric over one step range) and :class:`JointReading` objects (several
+findings that overlap in time and read together as one story).
+
+Everything that leaves this module is JSON-ready through ``to_dict()``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+SEVERITIES = ("info", "warning", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+#: Triage order: the diagnostic layer first, then constraint, then objective, then the
+#: comparison with history (baseline deviations).
+TRIAGE_LAYERS = ("diagnostic", "constraint", "objective", "comparison")
+LAYER_RANK = {s: i for i, s in enumerate(TRIAGE_LAYERS)}
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One canonical metric series: ``steps`` (int64, ascending) and ``values`` (float64).
+
+    Values may hold NaN and +-Inf; steps need not be evenly spaced.
+    """
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        steps = np.asarray(self.steps, dtype=np.int64).reshape(-1)
+        values = np.asarray(self.values, dtype=np.float64).reshape(-1)
+        if steps.shape != values.shape:
+            raise ValueError(f"steps ({steps.size}) and values ({values.size}) differ in length")
+        if steps.size > 1 and np.any(np.diff(steps) < 0):
+            order = np.argsort(steps, kind="stable")
+            steps, values = steps[order], values[order]
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "values", values)
+
+    def __len__(self) -> int:
+        return int(self.steps.size)
+
+    @classmethod
+    def from_points(cls, points: Sequence[tuple[int, float]]) -> "Curve":
+        if not points:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.float64))
+        s, v = zip(*points)
+        return cls(np.asarray(s), np.asarray(v))
+
+    def to_dict(self) -> dict[str, list]:
+        return {"steps": self.steps.tolist(), "values": [_json_float(v) for v in self.values.tolist()]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Curve":
+        vals = [float("nan") if v is None else float(v) for v in data["values"]]
+        return cls(np.asarray(data["steps"]), np.asarray(vals))
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What diagnosis needs from a metric definition (task range already resolved).
+
+    ``healthy_low`` / ``healthy_high`` may be None (unbounded or unknown).
+    ``smoothing_window`` is in logged points.
+    """
+
+    name: str
+    layer: str = "diagnostic"
+    healthy_low: float | None = None
+    healthy_high: float | None = None
+    smoothing_window: int = 10
+    higher_is_better: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "layer": self.layer, "healthy_low": self.healthy_low,
+            "healthy_high": self.healthy_high, "smoothing_window": self.smoothing_window,
+            "higher_is_better": self.higher_is_better,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MetricInfo":
+        return cls(
+            name=str(data["name"]), layer=str(data.get("layer") or "diagnostic"),
+            healthy_low=_opt_float(data.get("healthy_low")), healthy_high=_opt_float(data.get("healthy_high")),
+            smoothing_window=int(data.get("smoothing_window") or 10),
+            higher_is_better=data.get("higher_is_better"),
+        )
+
+
+@dataclass
+class Finding:
+    """One detector's verdict on one metric over the step range [start, end].
+
+    ``detected_at`` is the first step at which the evidence was sufficient (what an online
+    monitor would have seen); ``rollback_step`` the latest checkpoint before ``start``.
+    """
+
+    detector: str
+    metric: str
+    start: int
+    end: int
+    severity: str
+    layer: str
+    title: str
+    evidence: dict[str, float] = field(default_factory=dict)
+    likely_causes: list[str] = field(default_factory=list)
+    check_next: list[str] = field(default_factory=list)
+    suggested_action: str = ""
+    detected_at: int | None = None
+    rollback_step: int | None = None
+    related_metrics: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.detector}:{self.metric}:{self.start}"
+
+    @property
+    def severity_rank(self) -> int:
+        return SEVERITY_RANK[self.severity]
+
+    def at_least(self, severity: str) -> bool:
+        return SEVERITY_RANK[self.severity] >= SEVERITY_RANK[severity]
+
+    def summary(self) -> str:
+        """One line: ``[WARNING] entropy_collapse entropy steps 4096-100352: <title>``."""
+        span = f"step {self.start}" if self.start == self.end else f"steps {self.start}-{self.end}"
+        text = f"[{self.severity.upper()}] {self.detector} {self.metric} {span}: {self.title}"
+        if self.rollback_step is not None:
+            text += f" (roll back to checkpoint at step {self.rollback_step})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "detector": self.detector, "metric": self.metric,
+            "start": int(self.start), "end": int(self.end), "severity": self.severity,
+            "layer": self.layer, "title": self.title,
+            "evidence": {k: _json_float(v) for k, v in self.evidence.items()},
+            "likely_causes": list(self.likely_causes), "check_next": list(self.check_next),
+            "suggested_action": self.suggested_action,
+            "detected_at": None if self.detected_at is None else int(self.detected_at),
+            "rollback_step": None if self.rollback_step is None else int(self.rollback_step),
+            "related_metrics": list(self.related_metrics), "summary": self.summary(),
+        }
+
+
+@dataclass
+class JointReading:
+    """Findings that overlap in time and are read together (e.g. reward up + KL up)."""
+
+    kind: str
+    title: str
+    start: int
+    end: int
+    finding_ids: list[str]
+    interpretation: str
+    suggested_action: str
+    check_next: list[str] = field(default_factory=list)
+    severity: str = "warning"
+    evidence: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return f"[{self.severity.upper()}] {self.kind} steps {self.start}-{self.end}: {self.title}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "title": self.title, "start": int(self.start), "end": int(self.end),
+            "finding_ids": list(self.finding_ids), "interpretation": self.interpretation,
+            "suggested_action": self.suggested_action, "check_next": list(self.check_next),
+            "severity": self.severity, "evidence": {k: _json_float(v) for k, v in self.evidence.items()},
+            "summary": self.summary(),
+        }
+
+
+@dataclass
+class TriageStep:
+    """One line of the triage list, in the order a person should work through them."""
+
+    order: int
+    layer: str          # diagnostic / constraint / objective / comparison / rollback
+    text: str
+    finding_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"order": self.order, "layer": self.layer, "text": self.text, "finding_ids": list(self.finding_ids)}
+
+
+@dataclass
+class Diagnosis:
+    """The result of :func:`registry.diagnosis.diagnose` for one run."""
+
+    findings: list[Finding]
+    joint_readings: list[JointReading]
+    triage: list[TriageStep]
+    rollback_step: int | None = None
+    rollback_reason: str | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    metrics_checked: list[str] = field(default_factory=list)
+    missing_roles: list[str] = field(default_factory=list)
+    baseline_task: str | None = None
+
+    @property
+    def worst_severity(self) -> str | None:
+        if not self.findings:
+            return None
+        return max(self.findings, key=lambda f: f.severity_rank).severity
+
+    def at_least(self, severity: str) -> list[Finding]:
+        return [f for f in self.findings if f.at_least(severity)]
+
+    def by_detector(self, detector: str) -> list[Finding]:
+        return [f for f in self.findings if f.detector == detector]
+
+    @property
+    def healthy(self) -> bool:
+        """No finding of severity warning or above."""
+        return not self.at_least("warning")
+
+    def summary(self) -> str:
+        n_warn = len(self.at_least("warning"))
+        if not n_warn:
+            return f"no problems found ({len(self.findings)} informational finding(s))"
+        return f"{n_warn} problem(s), worst {self.worst_severity}; first: {self.at_least('warning')[0].summary()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "healthy": self.healthy,
+            "worst_severity": self.worst_severity,
+            "findings": [f.to_dict() for f in self.findings],
+            "joint_readings": [j.to_dict() for j in self.joint_readings],
+            "triage": [t.to_dict() for t in self.triage],
+            "rollback_step": self.rollback_step,
+            "rollback_reason": self.rollback_reason,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "metrics_checked": list(self.metrics_checked),
+            "missing_roles": list(self.missing_roles),
+            "baseline_task": self.baseline_task,
+        }
+
+
+def _json_float(v: Any) -> Any:
+    """JSON has no NaN/Inf: map them to None (and numpy scalars to Python numbers)."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
