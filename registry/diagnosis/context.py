@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import bisect
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -13,11 +13,12 @@ from .types import Curve, Finding, MetricInfo
 
 class Context:
     def __init__(self, curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
-                 settings: DiagnosisSettings, checkpoints: Sequence[int] = ()):
+                 settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None):
         self.curves = {k: (c if isinstance(c, Curve) else Curve(*c)) for k, c in curves.items()}
         self.metrics = dict(metrics)
         self.s = settings
         self.checkpoints = sorted(int(c) for c in checkpoints)
+        self.baseline = baseline
         self.findings: list[Finding] = []
         self._series: dict[str, Series | None] = {}
         firsts = [int(c.steps[0]) for c in self.curves.values() if len(c)]
@@ -46,9 +47,18 @@ class Context:
         return info if info is not None else MetricInfo(name=name, layer=DEFAULT_LAYERS.get(name, "diagnostic"))
 
     def range(self, name: str) -> tuple[float | None, float | None]:
+        """Healthy (low, high): the definition's (task range resolved), else one learned from
+        the baseline (its bands widened by ``baseline_range_widen`` widths), else the
+        settings' fallback."""
         info = self.metrics.get(name)
         low = info.healthy_low if info else None
         high = info.healthy_high if info else None
+        if low is None and high is None and self.baseline is not None and name in self.baseline.metrics:
+            bands = [b for b in (self.baseline.metrics[name].early, self.baseline.metrics[name].mid) if b]
+            if bands:
+                lo, hi = min(b.low for b in bands), max(b.high for b in bands)
+                pad = self.s.baseline_range_widen * max(hi - lo, 1e-12)
+                return lo - pad, hi + pad
         if low is None and high is None:
             low, high = self.s.fallback_ranges.get(name, (None, None))
         return low, high

@@ -498,8 +498,8 @@ def detect_length_hacking(ctx: Context) -> list[Finding]:
     n = sl.n
     st = ctx.s
     M = ctx.persist(n)
-    W = max(2 * M, int(round(st.hack_window_frac * n)))
-    if n < max(W, 8):
+    Ws = sorted({max(2 * M, int(round(fr * n))) for fr in st.hack_window_fracs})
+    if n < max(Ws[0], 8):
         return []
     L = rolling_median(sl.y, max(1, ctx.window(lname, sl)), "centered")
     sign = 1.0 if ctx.higher_is_better(rname) else -1.0
@@ -509,28 +509,42 @@ def detect_length_hacking(ctx: Context) -> list[Finding]:
         rscale = high - low
     else:
         rscale = max(float(np.quantile(R, 0.95) - np.quantile(R, 0.05)), TINY)
-    q = max(1, W // 4)
+    # A reward that collapsed for another reason (reward_zero / reward_drop) is not a reward
+    # that stays flat while the length grows: windows reaching such a collapse are skipped.
+    collapses = [(f.start, f.end) for f in ctx.findings
+                 if f.detector in ("reward_zero", "reward_drop") and f.at_least("warning")]
     fire = []
-    for e in window_ends(n, W, 40):
-        s0 = e - W + 1
-        l0, l1 = float(np.median(L[s0:s0 + q])), float(np.median(L[e - q + 1:e + 1]))
-        growth = l1 / l0 - 1 if l0 > TINY else 0.0
-        if growth < st.hack_min_growth:
+    for W in Ws:
+        if W > n:
             continue
-        corr = rank_corr(L[s0:e + 1])
-        dr = (float(np.median(R[e - q + 1:e + 1])) - float(np.median(R[s0:s0 + q]))) / rscale
-        if corr >= st.hack_min_corr and dr <= st.hack_reward_tol:
-            fire.append((int(s0), int(e), growth, corr, dr))
+        q = max(1, W // 4)
+        for e in window_ends(n, W, 40):
+            s0 = e - W + 1
+            if any(a <= sl.step_end(e) and b >= sl.step(s0) for a, b in collapses):
+                continue
+            l0, l1 = float(np.median(L[s0:s0 + q])), float(np.median(L[e - q + 1:e + 1]))
+            growth = l1 / l0 - 1 if l0 > TINY else 0.0
+            if growth < st.hack_min_growth:
+                continue
+            corr = rank_corr(L[s0:e + 1])
+            dr = (float(np.median(R[e - q + 1:e + 1])) - float(np.median(R[s0:s0 + q]))) / rscale
+            if corr >= st.hack_min_corr and dr <= st.hack_reward_tol:
+                fire.append((int(s0), int(e), growth, corr, dr))
     if not fire:
         return []
+    W = Ws[0]
+    q = max(1, W // 4)
     spans = merge_close([(f[0], f[1]) for f in fire], W // 2)
     out = []
     for a, b in spans:
         inside = [f for f in fire if a <= f[0] and f[1] <= b]
         best = max(inside, key=lambda f: f[2])
         first = min(inside, key=lambda f: f[1])
-        start, end = sl.step(a), sl.step_end(b)
-        ev = {"length_start": float(np.median(L[a:a + q])), "length_end": float(np.median(L[b - q + 1:b + 1])),
+        base = float(np.median(L[a:a + q]))
+        near = np.flatnonzero(L[a:first[1] + 1] <= base * (1 + 0.2 * st.hack_min_growth))
+        onset = a + int(near[-1]) if near.size else a      # where the growth takes off
+        start, end = sl.step(onset), sl.step_end(b)
+        ev = {"length_start": base, "length_end": float(np.median(L[b - q + 1:b + 1])),
               "growth": best[2], "rank_corr": best[3], "reward_change_frac": best[4]}
         for comp in ctx.role("reward_components"):
             v = ctx.values_between(comp, start, end)
@@ -726,7 +740,9 @@ def detect_grad_spikes(ctx: Context) -> list[Finding]:
     base_rate = float(spike[:nb].mean())
     need_rate = max(st.grad_spike_min_rate, st.grad_spike_rate_factor * base_rate)
     spike_idx = np.flatnonzero(spike)
-    clusters = merge_close([(int(i), int(i)) for i in spike_idx], gap)
+    cut = np.flatnonzero(np.diff(spike_idx) > gap)
+    clusters = list(zip(spike_idx[np.concatenate([[0], cut + 1])].tolist(),
+                        spike_idx[np.concatenate([cut, [spike_idx.size - 1]])].tolist()))
     out = []
     for a, b in clusters:
         ids = spike_idx[(spike_idx >= a) & (spike_idx <= b)]

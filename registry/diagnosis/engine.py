@@ -19,10 +19,11 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
 
     ``metrics`` gives each metric's layer, healthy range (task range resolved) and
     smoothing window; a metric without an entry is judged with ``settings.fallback_ranges``.
-    ``baseline`` adds deviations from healthy runs of the same task as findings;
+    ``baseline`` adds deviations from healthy runs of the same task as findings, and gives
+    the detectors a healthy range for metrics whose definition has none;
     ``checkpoints`` (steps) turns suggested actions into "roll back to checkpoint at step N".
     """
-    ctx = Context(curves, metrics, settings or DEFAULT_SETTINGS, checkpoints)
+    ctx = Context(curves, metrics, settings or DEFAULT_SETTINGS, checkpoints, baseline)
     for _, detector in DETECTORS:
         ctx.findings.extend(detector(ctx))
     if baseline is not None:

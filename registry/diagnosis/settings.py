@@ -151,8 +151,9 @@ class DiagnosisSettings:
     cliff_critical_ratio: float = 0.1
 
     # --- response length vs reward (reward hacking) ------------------------------------
-    #: Window (fraction of the run) over which length growth and reward change are compared.
-    hack_window_frac: float = 0.2
+    #: Windows (fractions of the run) over which length growth and reward change are compared;
+    #: several scales so that fast and slow steady growth are both seen.
+    hack_window_fracs: tuple[float, ...] = (0.2, 0.4, 0.7)
     #: Length must grow by this fraction over the window ...
     hack_min_growth: float = 0.25
     #: ... near-monotonically (rank correlation with time at least this) ...
@@ -208,6 +209,9 @@ class DiagnosisSettings:
     baseline_margin: float = 0.25
     baseline_warning_widths: float = 1.0
     baseline_min_points: int = 3
+    #: For a metric whose definition has no healthy range, the baseline's bands (early and
+    #: mid together) widened by this many band widths on each side serve as one.
+    baseline_range_widen: float = 1.0
 
     # --- joint readings ----------------------------------------------------------------------
     #: Findings overlap when their step ranges are within this fraction of the run's span.

@@ -1,0 +1,374 @@
+"""Run diagnosis: each detector on synthetic and hand-built input, the real SB3 runs, output shape."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from registry.diagnosis import (Curve, DiagnosisSettings, MetricInfo, METRIC_ROLES, diagnose)
+from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run
+from registry.synthetic import KIND_ALGORITHMS, generate_run
+
+SB3 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sb3_ppo"
+needs_sb3 = pytest.mark.skipif(not SB3.is_dir(), reason="shared/data/sb3_ppo not present")
+
+#: anomaly kind -> detector that must report it
+DETECTOR_FOR = {
+    "kl_blowup": ("kl_spike", "kl_climb"),
+    "entropy_collapse": ("entropy_collapse",),
+    "reward_std_zero": ("signal_collapse",),
+    "length_hacking": ("length_hacking",),
+    "value_loss_flat": ("value_loss_flat",),
+    "grad_norm_spikes": ("grad_norm_spikes",),
+    "reward_zero": ("reward_zero",),
+    "nan": ("nan_inf",),
+    "clip_high": ("clip_high",),
+    "clip_low": ("clip_low",),
+    "policy_loss_growing": ("policy_loss_growing",),
+    "advantage_mean_drift": ("advantage_drift",),
+    "stagnant": ("reward_flat",),
+}
+
+INFOS = default_metric_infos()
+
+
+def _diag(run, **kw):
+    return diagnose(run.curves, run.metric_infos(INFOS), **kw)
+
+
+def _cases():
+    for kind, dets in DETECTOR_FOR.items():
+        for alg in KIND_ALGORITHMS[kind]:
+            for seed, n in ((11, 400), (12, 2500)):
+                yield pytest.param(kind, alg, seed, n, dets, id=f"{kind}-{alg}-{n}")
+
+
+@pytest.mark.parametrize("kind,alg,seed,n,dets", list(_cases()))
+def test_detector_fires_at_the_injected_step_and_not_on_the_healthy_twin(kind, alg, seed, n, dets):
+    run = generate_run(kind, seed=seed, algorithm=alg, n_steps=n)
+    label = run.labels[0]
+    steps = run.curves[run.reward_metric].steps
+    span = int(steps[-1] - steps[0])
+    tol = int(0.02 * span)
+    found = [f for f in _diag(run).at_least("warning") if f.detector in dets]
+    assert found, f"{dets} did not fire on {kind}"
+    # the finding covers the anomaly, and was not detected before the anomaly existed
+    assert any(f.end >= label.start - tol and f.start <= label.start + 0.4 * span for f in found)
+    first = min(f.detected_at for f in found)
+    assert first >= label.start - tol, (first, label.start)
+    # the healthy twin (same seed, algorithm, task, length, step scale) is clean
+    twin = generate_run("healthy", seed=seed, algorithm=alg, n_steps=n, task=run.task,
+                        step_stride=run.params["step_stride"])
+    twin_diag = _diag(twin)
+    assert not [f for f in twin_diag.at_least("warning") if f.detector in dets]
+
+
+@pytest.mark.parametrize("alg", ["grpo", "ppo"])
+@pytest.mark.parametrize("seed", range(8))
+def test_healthy_synthetic_runs_raise_no_warning(alg, seed):
+    run = generate_run("healthy", seed=100 + seed, algorithm=alg)
+    warn = _diag(run).at_least("warning")
+    assert not warn, [f.summary() for f in warn]
+
+
+# ---------------------------------------------------------------------------------------
+# Hand-built curves: the rules themselves, independent of the generator
+# ---------------------------------------------------------------------------------------
+def _c(values, stride=1):
+    v = np.asarray(values, dtype=float)
+    return Curve(np.arange(1, v.size + 1) * stride, v)
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def test_kl_spike_fires_on_the_spike_step_and_not_on_a_3x_wiggle():
+    rng = _rng()
+    kl = 0.01 * np.exp(rng.normal(0, 0.1, 200))
+    kl[120] = 0.08                       # 8x its running level, above healthy high 0.05
+    d = diagnose({"kl_old_mean": _c(kl)}, INFOS)
+    spikes = d.by_detector("kl_spike")
+    assert len(spikes) == 1 and spikes[0].start == 121 and spikes[0].severity == "warning"
+    assert spikes[0].evidence["ratio"] == pytest.approx(8, rel=0.15)
+    kl[120] = 0.03                       # 3x: not a spike
+    assert not diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")
+
+
+def test_kl_spike_needs_the_healthy_range_gate():
+    kl = np.full(100, 1e-4)
+    kl[50] = 1e-3                        # 10x, but far below the healthy high
+    assert not diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")
+
+
+def test_kl_climbing_steadily_is_reported_with_its_onset():
+    rng = _rng(1)
+    n = 300
+    kl = 0.01 * np.exp(rng.normal(0, 0.1, n))
+    kl[150:] *= np.exp(np.linspace(0, np.log(20), n - 150))        # 0.01 -> 0.2 steadily
+    f = diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_climb")
+    assert f and "climbing steadily" in f[0].title
+    assert 130 <= f[0].start <= 220 and f[0].end == n
+
+
+def test_one_noisy_clip_point_does_not_fire_but_a_persistent_excursion_does():
+    rng = _rng(2)
+    clip = np.clip(0.1 + rng.normal(0, 0.01, 200), 0, 1)
+    clip[80] = 0.35                      # one point above 0.3, below 1.5 x 0.3
+    assert not diagnose({"clip_fraction": _c(clip)}, INFOS).at_least("warning")
+    clip[100:140] = 0.4
+    f = diagnose({"clip_fraction": _c(clip)}, INFOS).by_detector("clip_high")
+    assert f and f[0].severity == "warning" and 95 <= f[0].start <= 105 and 135 <= f[0].end <= 145
+
+
+def test_clip_low_needs_kl_corroboration():
+    rng = _rng(3)
+    clip = np.clip(0.02 + rng.normal(0, 0.002, 100), 0, 1)
+    normal_kl = 0.005 * np.exp(rng.normal(0, 0.1, 100))
+    d = diagnose({"clip_fraction": _c(clip), "kl_old_mean": _c(normal_kl)}, INFOS)
+    assert [f.severity for f in d.by_detector("clip_low")] == ["info"]
+    d = diagnose({"clip_fraction": _c(clip * 0), "kl_old_mean": _c(normal_kl * 1e-3)}, INFOS)
+    assert [f.severity for f in d.by_detector("clip_low")] == ["warning"]
+
+
+def test_entropy_cliff_versus_gentle_decline():
+    rng = _rng(4)
+    n = 200
+    gentle = np.linspace(2.0, 0.5, n) * (1 + rng.normal(0, 0.01, n))      # 2.0 -> 0.5 over the run
+    assert not diagnose({"entropy": _c(gentle)}, INFOS).by_detector("entropy_collapse")
+    cliff = np.full(n, 2.0) * (1 + rng.normal(0, 0.01, n))
+    cliff[100:] = 0.5 * (1 + rng.normal(0, 0.01, n - 100))                 # 2.0 -> 0.5 in one step
+    f = diagnose({"entropy": _c(cliff)}, INFOS).by_detector("entropy_collapse")
+    assert len(f) == 1 and 99 <= f[0].start <= 101 and f[0].end == n
+    assert f[0].evidence["level_before"] == pytest.approx(2.0, rel=0.05)
+    assert f[0].evidence["level_after"] == pytest.approx(0.5, rel=0.05)
+
+
+def test_reward_drop_to_zero_and_constant():
+    rng = _rng(5)
+    n = 300
+    r = np.clip(np.linspace(0.2, 0.7, n) + rng.normal(0, 0.02, n), 0, 1)
+    infos = dict(INFOS, reward_sequence_mean=MetricInfo("reward_sequence_mean", "objective", 0, 1, 50, True))
+    assert not diagnose({"reward_sequence_mean": _c(r)}, infos).by_detector("reward_zero")
+    z = r.copy()
+    z[200:] = 0.0
+    f = diagnose({"reward_sequence_mean": _c(z)}, infos).by_detector("reward_zero")
+    assert f and f[0].start == 201 and f[0].severity == "critical"
+    k = r.copy()
+    k[150:] = 0.25
+    f = diagnose({"reward_sequence_mean": _c(k)}, infos).by_detector("reward_zero")
+    assert f and "constant" in f[0].title and f[0].start == 151
+
+
+def test_reward_constant_at_the_ceiling_is_saturation_not_breakage():
+    r = np.concatenate([np.linspace(20, 500, 80), np.full(20, 500.0)])
+    d = diagnose({"episode_return_mean": _c(r, 2048)}, default_metric_infos("CartPole-v1"))
+    assert not d.at_least("warning")
+
+
+def test_reward_std_zero_at_a_plateau_high_is_harmless_but_mid_level_is_not():
+    n = 200
+    rng = _rng(6)
+    infos = dict(INFOS, reward_sequence_mean=MetricInfo("reward_sequence_mean", "objective", 0, 1, 50, True))
+    std = np.clip(0.4 + rng.normal(0, 0.02, n), 0, None)
+    std[120:] = 0.0
+    top = np.clip(np.concatenate([np.linspace(0.3, 1.0, 120), np.ones(80)]), 0, 1)
+    d = diagnose({"reward_std": _c(std), "reward_sequence_mean": _c(top)}, infos)
+    assert [f.severity for f in d.by_detector("signal_collapse")] == ["info"]
+    mid = np.clip(0.45 + rng.normal(0, 0.02, n), 0, 1)
+    d = diagnose({"reward_std": _c(std), "reward_sequence_mean": _c(mid)}, infos)
+    f = d.by_detector("signal_collapse")
+    assert f and f[0].severity == "critical" and 115 <= f[0].start <= 125
+
+
+def test_length_growing_with_flat_reward_is_hacking_but_with_rising_reward_is_not():
+    rng = _rng(7)
+    n = 500
+    length = 300 * np.linspace(1, 2.5, n) * (1 + rng.normal(0, 0.02, n))
+    flat = 0.5 + rng.normal(0, 0.02, n)
+    rising = np.linspace(0.2, 0.8, n) + rng.normal(0, 0.02, n)
+    infos = dict(INFOS, reward_sequence_mean=MetricInfo("reward_sequence_mean", "objective", 0, 1, 50, True))
+    hack = diagnose({"response_length_mean": _c(length), "reward_sequence_mean": _c(flat)}, infos)
+    assert hack.by_detector("length_hacking")
+    assert [j.kind for j in hack.joint_readings] == ["reward_hacking"]
+    ok = diagnose({"response_length_mean": _c(length), "reward_sequence_mean": _c(rising)}, infos)
+    assert not ok.by_detector("length_hacking")
+
+
+def test_value_loss_decreasing_versus_flat():
+    rng = _rng(8)
+    n = 100
+    dec = 50 * np.exp(-np.linspace(0, 4, n)) * np.exp(rng.normal(0, 0.3, n))
+    flat = 50 * np.exp(rng.normal(0, 0.3, n))
+    assert not diagnose({"value_loss": _c(dec)}, INFOS).by_detector("value_loss_flat")
+    f = diagnose({"value_loss": _c(flat)}, INFOS).by_detector("value_loss_flat")
+    assert f and f[0].severity == "warning" and f[0].end == n
+
+
+def test_advantage_mean_drift():
+    rng = _rng(9)
+    n = 400
+    std = np.ones(n)
+    mean = rng.normal(0, 0.01, n)
+    assert not diagnose({"advantage_mean": _c(mean), "advantage_std": _c(std)}, INFOS).at_least("warning")
+    mean[200:] += np.linspace(0, 1.0, 200)
+    f = diagnose({"advantage_mean": _c(mean), "advantage_std": _c(std)}, INFOS).by_detector("advantage_drift")
+    assert f and 200 <= f[0].start <= 300
+
+
+def test_grad_norm_spikes_frequent_versus_one_off():
+    rng = _rng(10)
+    n = 1000
+    g = np.exp(rng.normal(0, 0.15, n))
+    one = g.copy()
+    one[500] *= 20
+    assert not diagnose({"grad_norm": _c(one)}, INFOS).by_detector("grad_norm_spikes")
+    many = g.copy()
+    many[600::25] *= 20
+    f = diagnose({"grad_norm": _c(many)}, INFOS).by_detector("grad_norm_spikes")
+    assert f and f[0].start == 601 and f[0].evidence["n_spikes"] >= 10
+
+
+def test_nan_and_inf_are_reported_from_their_first_step():
+    v = np.linspace(1, 2, 100)
+    v[70] = np.nan
+    v[80:] = np.inf
+    f = diagnose({"policy_loss": _c(v)}, INFOS).by_detector("nan_inf")
+    assert len(f) == 1 and f[0].start == 71 and f[0].end == 100 and f[0].severity == "critical"
+    assert f[0].evidence["n_nan"] == 1 and f[0].evidence["n_inf"] == 20
+
+
+def test_policy_loss_growing_versus_converging():
+    rng = _rng(11)
+    n = 400
+    conv = -0.02 * np.exp(-np.linspace(0, 3, n)) + rng.normal(0, 0.002, n)     # |loss| shrinks
+    assert not diagnose({"policy_loss": _c(conv)}, INFOS).by_detector("policy_loss_growing")
+    grow = rng.normal(0, 0.01, n)
+    grow[150:] += np.linspace(0, 0.5, n - 150)
+    f = diagnose({"policy_loss": _c(grow)}, INFOS).by_detector("policy_loss_growing")
+    assert f and f[0].severity == "warning" and f[0].end == n
+
+
+def test_reward_flat_uses_the_task_range():
+    rng = _rng(12)
+    r = -1150 + np.linspace(0, 80, 48) + rng.normal(0, 20, 48)
+    assert diagnose({"episode_return_mean": _c(r, 2048)}, default_metric_infos("Pendulum-v1")).by_detector("reward_flat")
+    r2 = -1150 + np.linspace(0, 900, 48) + rng.normal(0, 20, 48)
+    assert not diagnose({"episode_return_mean": _c(r2, 2048)}, default_metric_infos("Pendulum-v1")).at_least("warning")
+
+
+# ---------------------------------------------------------------------------------------
+# Settings, NaN robustness, partial and long runs
+# ---------------------------------------------------------------------------------------
+def test_thresholds_come_from_settings_and_metric_info():
+    kl = np.full(100, 0.01)
+    kl[60] = 0.08
+    assert diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")
+    strict = DiagnosisSettings(spike_ratio=20.0)
+    assert not diagnose({"kl_old_mean": _c(kl)}, INFOS, settings=strict).by_detector("kl_spike")
+    wide = dict(INFOS, kl_old_mean=MetricInfo("kl_old_mean", "constraint", None, 0.5, 15, None))
+    assert not diagnose({"kl_old_mean": _c(kl)}, wide).by_detector("kl_spike")
+
+
+def test_roles_table_names_only_dictionary_metrics():
+    names = set(INFOS)
+    for role, cands in METRIC_ROLES.items():
+        assert cands and all(c in names for c in cands), (role, [c for c in cands if c not in names])
+
+
+def test_partial_run_and_missing_metrics_do_not_crash():
+    run = generate_run("healthy", seed=3, algorithm="grpo", n_steps=2000)
+    cut = {k: Curve(c.steps[:30], c.values[:30]) for k, c in run.curves.items()}
+    d = diagnose(cut, run.metric_infos(INFOS))
+    assert not [f for f in d.at_least("warning") if f.detector != "reward_flat"]
+    assert diagnose({}, {}).findings == []
+    d = diagnose({"entropy": _c([np.nan, np.nan, 1.0])}, INFOS)
+    assert [f.detector for f in d.findings] == ["nan_inf"]
+
+
+def test_long_run_is_fast_and_vectorised():
+    import time
+    run = generate_run("entropy_collapse", seed=5, algorithm="grpo", n_steps=100_000, n_extra_metrics=15)
+    assert len(run.curves) >= 30
+    infos = run.metric_infos(INFOS)
+    diagnose(run.curves, infos)
+    t0 = time.perf_counter()
+    d = diagnose(run.curves, infos)
+    assert time.perf_counter() - t0 < 1.0
+    assert d.by_detector("entropy_collapse")
+
+
+# ---------------------------------------------------------------------------------------
+# Output: JSON, summary, triage, rollback
+# ---------------------------------------------------------------------------------------
+def test_to_dict_is_json_ready_and_triage_is_ordered_with_rollback():
+    run = generate_run("kl_blowup", seed=2, algorithm="ppo", n_steps=1000)
+    d = _diag(run, checkpoints=run.checkpoints)
+    text = json.dumps(d.to_dict(), allow_nan=False)
+    back = json.loads(text)
+    assert back["findings"] and back["triage"][-1]["layer"] == "rollback"
+    order = {"diagnostic": 0, "constraint": 1, "objective": 2, "comparison": 3, "rollback": 4}
+    ranks = [order[t["layer"]] for t in back["triage"]]
+    assert ranks == sorted(ranks)
+    first = min((f for f in d.at_least("warning")), key=lambda f: f.start)
+    assert d.rollback_step == max(c for c in run.checkpoints if c < first.start)
+    assert f"roll back to checkpoint at step {d.rollback_step}" in back["triage"][-1]["text"]
+    for f in d.at_least("warning"):
+        assert f.summary().startswith(f"[{f.severity.upper()}] {f.detector} {f.metric}")
+        assert f.likely_causes and f.check_next and f.suggested_action
+        if f.rollback_step is not None:
+            assert f.rollback_step < f.start and f"step {f.rollback_step}" in f.suggested_action
+
+
+# ---------------------------------------------------------------------------------------
+# Real stable-baselines3 runs
+# ---------------------------------------------------------------------------------------
+def _real(name, task="CartPole-v1"):
+    return diagnose(load_sb3_run(SB3 / name), default_metric_infos(task), checkpoints=[20480, 51200])
+
+
+@needs_sb3
+def test_real_healthy_cartpole_has_no_warning():
+    d = _real("cartpole_healthy_s0")
+    assert d.healthy, [f.summary() for f in d.at_least("warning")]
+    # its reward std does reach exactly 0 at the 500 cap: reported only as harmless saturation
+    sat = d.by_detector("signal_collapse")
+    assert sat and sat[0].severity == "info" and "saturated" in sat[0].title
+
+
+@needs_sb3
+def test_real_lr_too_high_kl_spike_clip_high_entropy_collapse_reward_drop():
+    d = _real("cartpole_lr_too_high_5e-2")
+    kl = d.by_detector("kl_spike")
+    assert kl and kl[0].start == 4096 and kl[0].severity == "critical"
+    assert kl[0].evidence["peak"] == pytest.approx(5.98, rel=0.01)
+    clip = d.by_detector("clip_high")
+    assert clip and clip[0].start == 4096 and clip[0].at_least("warning")
+    ent = d.by_detector("entropy_collapse")
+    assert ent and ent[0].severity == "critical" and 4096 <= ent[0].start <= 6144
+    drop = d.by_detector("reward_drop")
+    assert drop and drop[0].start <= 6144 and drop[0].evidence["level_after"] < 10
+    kinds = {j.kind for j in d.joint_readings}
+    assert "trust_region" in kinds
+    tr = next(j for j in d.joint_readings if j.kind == "trust_region")
+    assert {kl[0].id, clip[0].id} <= set(tr.finding_ids)
+
+
+@needs_sb3
+def test_real_tiny_lr_is_too_conservative():
+    d = _real("cartpole_tiny_lr_1e-6")
+    low = d.by_detector("clip_low")
+    assert low and low[0].severity == "warning" and low[0].start == 4096 and low[0].end == 100352
+    assert low[0].evidence["kl_median"] < 1e-5
+    assert not d.by_detector("kl_spike") and not d.by_detector("entropy_collapse")
+
+
+@needs_sb3
+def test_real_pendulum_is_stagnant():
+    d = _real("pendulum_default_s0", "Pendulum-v1")
+    flat = d.by_detector("reward_flat")
+    assert flat and flat[0].severity == "warning" and flat[0].layer == "objective"
+    assert [f.detector for f in d.at_least("warning")] == ["reward_flat"]
+    assert any(j.kind == "converging_without_learning" for j in d.joint_readings)

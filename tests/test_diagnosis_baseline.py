@@ -1,0 +1,153 @@
+"""Health baselines: build, JSON round trip, check a run against one; joint readings grouping."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from registry.diagnosis import BaselineProfile, Curve, MetricInfo, build_baseline, diagnose
+from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run
+from registry.synthetic import generate_run
+
+SB3 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sb3_ppo"
+needs_sb3 = pytest.mark.skipif(not SB3.is_dir(), reason="shared/data/sb3_ppo not present")
+INFOS = default_metric_infos()
+
+
+def _runs(kind, seeds, **kw):
+    return [generate_run(kind, seed=s, algorithm="grpo", n_steps=800, task="synthetic-math", step_stride=1, **kw)
+            for s in seeds]
+
+
+def test_build_baseline_phases_bands_and_json_round_trip():
+    healthy = _runs("healthy", range(6))
+    prof = build_baseline("synthetic-math", [r.curves for r in healthy])
+    assert prof.n_runs == 6
+    assert prof.early_end_step == 120          # min(150, 15% of 800) points, stride 1
+    assert (prof.mid_start_step, prof.mid_end_step) == (281, 520)
+    kl = prof.metrics["kl_ref_mean"]
+    assert kl.early.low <= kl.early.median <= kl.early.high
+    assert kl.mid.median > kl.early.median     # KL to the reference grows during training
+    assert "healthy synthetic-math" in kl.warning
+    text = json.dumps(prof.to_dict(), allow_nan=False)
+    back = BaselineProfile.from_dict(json.loads(text))
+    assert back.to_dict() == prof.to_dict()
+
+
+def test_baseline_rule_for_short_runs_is_fifteen_percent():
+    c = {"entropy": Curve(np.arange(1, 49) * 2048, np.linspace(0.7, 0.3, 48))}
+    prof = build_baseline("CartPole-v1", [c])
+    assert prof.early_end_step == 8 * 2048     # ceil(0.15 * 48) = 8 points
+    with pytest.raises(ValueError):
+        build_baseline("x", [])
+
+
+def test_healthy_run_passes_its_baseline_and_an_anomalous_one_deviates():
+    healthy = _runs("healthy", range(6))
+    prof = build_baseline("synthetic-math", [r.curves for r in healthy])
+    fresh = _runs("healthy", [40])[0]
+    d = diagnose(fresh.curves, fresh.metric_infos(INFOS), baseline=prof)
+    assert d.baseline_task == "synthetic-math"
+    assert not [f for f in d.at_least("warning") if f.detector == "baseline_deviation"]
+    bad = _runs("clip_high", [41], anomaly_at=0.3)[0]
+    d = diagnose(bad.curves, bad.metric_infos(INFOS), baseline=prof)
+    dev = [f for f in d.at_least("warning") if f.detector == "baseline_deviation" and f.metric == "clip_fraction"]
+    assert dev and dev[0].layer == "comparison" and dev[0].evidence["median"] > dev[0].evidence["band_high"]
+    # comparison comes after the diagnostic, constraint and objective layers in triage
+    layers = [t.layer for t in d.triage]
+    assert layers.index("comparison") > max(i for i, l in enumerate(layers) if l in ("diagnostic", "constraint"))
+
+
+def test_edited_warning_text_is_used():
+    healthy = _runs("healthy", range(4))
+    data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()
+    data["metrics"]["clip_fraction"]["warning"] = "clip fraction off: ask the on-call"
+    prof = BaselineProfile.from_dict(data)
+    bad = _runs("clip_high", [42], anomaly_at=0.3)[0]
+    d = diagnose(bad.curves, bad.metric_infos(INFOS), baseline=prof)
+    dev = [f for f in d.findings if f.detector == "baseline_deviation" and f.metric == "clip_fraction"]
+    assert dev and dev[0].likely_causes == ["clip fraction off: ask the on-call"]
+
+
+def test_higher_reward_than_history_is_not_a_warning():
+    c = {"reward_sequence_mean": Curve(np.arange(100), np.linspace(0.1, 0.3, 100))}
+    prof = build_baseline("t", [c])
+    better = {"reward_sequence_mean": Curve(np.arange(100), np.linspace(0.6, 0.9, 100))}
+    infos = dict(INFOS, reward_sequence_mean=MetricInfo("reward_sequence_mean", "objective", 0, 1, 50, True))
+    d = diagnose(better, infos, baseline=prof)
+    dev = [f for f in d.findings if f.detector == "baseline_deviation"]
+    assert dev and all(f.severity == "info" for f in dev)
+
+
+@needs_sb3
+def test_real_cartpole_baseline():
+    healthy = load_sb3_run(SB3 / "cartpole_healthy_s0")
+    prof = build_baseline("CartPole-v1", [healthy])
+    infos = default_metric_infos("CartPole-v1")
+    assert diagnose(healthy, infos, baseline=prof).healthy
+    bad = diagnose(load_sb3_run(SB3 / "cartpole_lr_too_high_5e-2"), infos, baseline=prof)
+    devs = {(f.metric, f.severity) for f in bad.findings if f.detector == "baseline_deviation"}
+    assert ("entropy", "warning") in devs
+    assert any(m == "episode_return_mean" for m, _ in devs)
+
+
+# ---------------------------------------------------------------------------------------
+# Joint readings
+# ---------------------------------------------------------------------------------------
+def test_joint_reading_reward_up_with_kl_up():
+    n = 300
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, n + 1)
+    kl = 0.01 * np.exp(rng.normal(0, 0.1, n))
+    kl[150:] *= np.exp(np.linspace(0, np.log(30), n - 150))
+    reward = np.clip(np.linspace(0.2, 0.8, n) + rng.normal(0, 0.01, n), 0, 1)
+    infos = dict(INFOS, reward_sequence_mean=MetricInfo("reward_sequence_mean", "objective", 0, 1, 50, True))
+    d = diagnose({"kl_old_mean": Curve(steps, kl), "reward_sequence_mean": Curve(steps, reward)}, infos)
+    tr = [j for j in d.joint_readings if j.kind == "trust_region"]
+    assert tr and "reward up" in tr[0].title and "learning rate" in tr[0].suggested_action
+    assert set(tr[0].finding_ids) == {f.id for f in d.findings if f.detector == "kl_climb"}
+
+
+def test_joint_readings_do_not_group_findings_far_apart_in_time():
+    n = 1000
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, n + 1)
+    kl = 0.01 * np.exp(rng.normal(0, 0.1, n))
+    kl[100] = 0.2                                   # KL spike early ...
+    clip = np.clip(0.1 + rng.normal(0, 0.01, n), 0, 1)
+    clip[800:900] = 0.45                            # ... clip fraction high much later
+    reward = np.clip(0.5 + rng.normal(0, 0.01, n), 0, 1)
+    d = diagnose({"kl_old_mean": Curve(steps, kl), "clip_fraction": Curve(steps, clip),
+                  "reward_sequence_mean": Curve(steps, reward)}, INFOS)
+    assert d.by_detector("kl_spike") and d.by_detector("clip_high")
+    assert not [j for j in d.joint_readings if j.kind == "trust_region"]
+
+
+def test_joint_reading_reward_hacking_and_converging_without_learning():
+    run = generate_run("length_hacking", seed=4, algorithm="grpo", n_steps=1500)
+    d = diagnose(run.curves, run.metric_infos(INFOS))
+    hack = [j for j in d.joint_readings if j.kind == "reward_hacking"]
+    assert hack and "reward decomposition" in hack[0].suggested_action
+    assert any(k.endswith("_change") for k in hack[0].evidence)
+    run = generate_run("entropy_collapse", seed=5, algorithm="grpo", n_steps=1500, anomaly_at=0.25)
+    d = diagnose(run.curves, run.metric_infos(INFOS))
+    conv = [j for j in d.joint_readings if j.kind == "converging_without_learning"]
+    assert conv and "advantage std" in conv[0].suggested_action
+    ec = d.by_detector("entropy_collapse")[0]
+    assert ec.id in conv[0].finding_ids
+
+
+def test_baseline_supplies_a_range_where_the_definition_has_none():
+    rng = np.random.default_rng(3)
+    n = 400
+    steps = np.arange(1, n + 1)
+    healthy = [{"kl_ref_mean": Curve(steps, 0.002 * np.exp(rng.normal(0, 0.1, n)))} for _ in range(3)]
+    prof = build_baseline("t", healthy)
+    kl = 0.002 * np.exp(rng.normal(0, 0.1, n))
+    kl[200:] *= np.exp(np.linspace(0, np.log(20), n - 200))       # -> 0.04, below the 0.1 fallback
+    run = {"kl_ref_mean": Curve(steps, kl)}
+    assert not diagnose(run, INFOS).by_detector("kl_climb")
+    climb = diagnose(run, INFOS, baseline=prof).by_detector("kl_climb")
+    assert climb and climb[0].start >= 180
