@@ -147,7 +147,8 @@ def _grpo(rng: np.random.Generator, u: np.ndarray, p: np.ndarray) -> tuple[dict[
     c["reward_accuracy_mean"] = acc
     c["reward_format_mean"] = fmt
     c["reward_sequence_mean"] = 0.8 * acc + 0.2 * fmt
-    c["reward_std"] = np.clip(np.sqrt(acc_true * (1 - acc_true)) * rng.uniform(0.7, 0.9) + rng.normal(0, 0.01, n), 0, None)
+    group_std = np.sqrt(acc_true * (1 - acc_true)) * rng.uniform(0.7, 0.9)
+    c["reward_std"] = np.clip(group_std + rng.normal(0, 0.01, n), 0, None)
     c["advantage_std"] = np.clip(rng.uniform(0.75, 0.9) - 0.1 * p + rng.normal(0, 0.01, n), 0, None)
     c["advantage_mean"] = rng.normal(0, 0.005, n)
     k_end = rng.uniform(0.005, 0.03)
@@ -169,7 +170,8 @@ def _grpo(rng: np.random.Generator, u: np.ndarray, p: np.ndarray) -> tuple[dict[
     return c, {"lr": lr0, "acc_start": a0, "acc_end": a1, "entropy_start": e0, "length_start": L0}
 
 
-def _ppo(rng: np.random.Generator, u: np.ndarray, p: np.ndarray, task: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _ppo(rng: np.random.Generator, u: np.ndarray, p: np.ndarray, task: str
+         ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     n = u.size
     lo, hi = TASKS[task][2]
     c: dict[str, np.ndarray] = {}
@@ -178,7 +180,8 @@ def _ppo(rng: np.random.Generator, u: np.ndarray, p: np.ndarray, task: str) -> t
         pp = np.clip(p * rng.uniform(1.02, 1.08), 0, 1)
         ret = r0 + (hi - r0) * pp + rng.normal(0, 3, n) * (1 - pp)
         ret = np.where(pp >= 1, hi, np.clip(ret, 8, hi))
-        std = np.clip((ret - r0 + 12) * (hi - ret) / 250.0 * rng.uniform(0.8, 1.2) + rng.normal(0, 1, n) * (ret < hi), 0, None)
+        spread = (ret - r0 + 12) * (hi - ret) / 250.0 * rng.uniform(0.8, 1.2)
+        std = np.clip(spread + rng.normal(0, 1, n) * (ret < hi), 0, None)
         std = np.where(ret >= hi, 0.0, std)
         length = ret.copy()
         v0 = rng.uniform(30, 80)
@@ -289,7 +292,8 @@ def _inject(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray], t: in
         acc_t = float(np.median(c["reward_accuracy_mean"][max(0, t - 5):t + 1]))
         drift = rng.uniform(0.0, 0.1) * _ramp(n, t)
         c["reward_accuracy_mean"][t:] = np.clip(acc_t - drift[t:] + rng.normal(0, 0.015, n - t), 0, 1)
-        c["reward_format_mean"][t:] = np.clip(np.maximum(c["reward_format_mean"][t:], 0.97) + rng.normal(0, 0.005, n - t), 0, 1)
+        fmt = np.maximum(c["reward_format_mean"][t:], 0.97)
+        c["reward_format_mean"][t:] = np.clip(fmt + rng.normal(0, 0.005, n - t), 0, 1)
         c[reward] = 0.8 * c["reward_accuracy_mean"] + 0.2 * c["reward_format_mean"]
         touched += ["response_length_mean", "reward_accuracy_mean", "reward_format_mean", reward]
         detail["growth"] = g
@@ -490,7 +494,8 @@ def run_outcome(curves: Mapping[str, Curve], reward_metric: str, reward_range: t
         if kv.size >= 10:
             e, late = float(np.median(kv[: kv.size // 10])), float(np.median(kv[-kv.size // 10:]))
             if late > 10 * max(e, 1e-12) and lost >= 0.3:
-                return Outcome("diverged", final, norm, f"{m} grew {late / max(e, 1e-12):.0f}x and the reward collapsed")
+                return Outcome("diverged", final, norm,
+                               f"{m} grew {late / max(e, 1e-12):.0f}x and the reward collapsed")
     if norm >= 0.7:
         return Outcome("success", final, norm, f"final reward {final:.4g} at {norm:.0%} of the task range")
     if lost >= 0.3:

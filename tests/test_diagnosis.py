@@ -121,6 +121,11 @@ def test_one_noisy_clip_point_does_not_fire_but_a_persistent_excursion_does():
     clip[100:140] = 0.4
     f = diagnose({"clip_fraction": _c(clip)}, INFOS).by_detector("clip_high")
     assert f and f[0].severity == "warning" and 95 <= f[0].start <= 105 and 135 <= f[0].end <= 145
+    # a single point far above the range (>= 1.5 x high) is not noise: a short burst
+    burst = np.clip(0.1 + rng.normal(0, 0.01, 200), 0, 1)
+    burst[50] = 0.5
+    f = diagnose({"clip_fraction": _c(burst)}, INFOS).by_detector("clip_high")
+    assert [(x.start, x.severity) for x in f] == [(51, "warning")] and "short burst" in f[0].title
 
 
 def test_clip_low_needs_kl_corroboration():
@@ -254,7 +259,8 @@ def test_policy_loss_growing_versus_converging():
 def test_reward_flat_uses_the_task_range():
     rng = _rng(12)
     r = -1150 + np.linspace(0, 80, 48) + rng.normal(0, 20, 48)
-    assert diagnose({"episode_return_mean": _c(r, 2048)}, default_metric_infos("Pendulum-v1")).by_detector("reward_flat")
+    pendulum = default_metric_infos("Pendulum-v1")
+    assert diagnose({"episode_return_mean": _c(r, 2048)}, pendulum).by_detector("reward_flat")
     r2 = -1150 + np.linspace(0, 900, 48) + rng.normal(0, 20, 48)
     assert not diagnose({"episode_return_mean": _c(r2, 2048)}, default_metric_infos("Pendulum-v1")).at_least("warning")
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .context import Context
-from .signal import (Series, mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
+from .signal import (mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
                      shift, window_ends)
 from .types import Finding
 
@@ -288,7 +288,8 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
                 evidence={"peak": float(peak[i]), "recent_level": float(ref[i]), "ratio": min(r, 1e12),
                           "level_after": post, "healthy_high": high if high is not None else float("nan")},
                 causes=["learning rate too high for this batch size", "too many epochs / minibatches per rollout",
-                        "a KL coefficient that is too small (or disabled)", "a bad batch (outliers, very long responses)"],
+                        "a KL coefficient that is too small (or disabled)",
+                        "a bad batch (outliers, very long responses)"],
                 check=["clip fraction and grad norm at the same step", "learning-rate schedule (warm-up end?)",
                        "entropy and reward right after the spike"],
                 action="lower the learning rate or raise the KL coefficient / tighten the clip range",

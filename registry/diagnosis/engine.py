@@ -204,8 +204,10 @@ def _rollback(ctx: Context, findings: Sequence[Finding]) -> tuple[int | None, st
     if step is None:
         if ctx.checkpoints:
             return None, f"no checkpoint before the first problem at step {first.start} ({first.detector})"
-        return None, None
-    return step, f"latest checkpoint before the first problem ({first.detector} on {first.metric} at step {first.start})"
+        return None, (f"no checkpoints were given; the first problem ({first.detector} on {first.metric}) "
+                      f"starts at step {first.start}")
+    return step, (f"latest checkpoint before the first problem "
+                  f"({first.detector} on {first.metric} at step {first.start})")
 
 
 def _triage(findings: Sequence[Finding], joint: Sequence[JointReading], rollback_step: int | None,
@@ -220,7 +222,8 @@ def _triage(findings: Sequence[Finding], joint: Sequence[JointReading], rollback
             also = f" [read with: {reading.title}]" if reading else ""
             steps.append(TriageStep(len(steps) + 1, layer, f"{f.summary()}{nxt}{also}", [f.id]))
     if rollback_step is not None:
-        steps.append(TriageStep(len(steps) + 1, "rollback", f"roll back to checkpoint at step {rollback_step}: {reason}"))
+        steps.append(TriageStep(len(steps) + 1, "rollback",
+                                f"roll back to checkpoint at step {rollback_step}: {reason}"))
     elif reason:
         steps.append(TriageStep(len(steps) + 1, "rollback", reason))
     return steps

@@ -47,7 +47,8 @@ FIRST_ONLY_ROLES = frozenset({"reward", "kl_update", "length", "value_loss", "ex
 
 #: Layer a finding gets when its metric's definition does not say.
 DEFAULT_LAYERS: dict[str, str] = {
-    "reward_sequence_mean": "objective", "reward_total_mean": "objective", "episode_return_mean": "objective", "return_mean": "objective",
+    "reward_sequence_mean": "objective", "reward_total_mean": "objective",
+    "episode_return_mean": "objective", "return_mean": "objective",
     "reward_accuracy_mean": "objective", "reward_format_mean": "objective",
     "kl_ref_max": "constraint", "kl_ref_mean": "constraint", "kl_old_mean": "constraint",
     "clip_fraction": "constraint", "entropy": "diagnostic",

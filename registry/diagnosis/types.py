@@ -24,7 +24,7 @@ TRIAGE_LAYERS = ("diagnostic", "constraint", "objective", "comparison")
 LAYER_RANK = {s: i for i, s in enumerate(TRIAGE_LAYERS)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Curve:
     """One canonical metric series: ``steps`` (int64, ascending) and ``values`` (float64).
 
