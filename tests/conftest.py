@@ -7,10 +7,12 @@ locally but fail under CI, where a missing server is a broken setup, not a reaso
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -32,7 +34,24 @@ def postgres_url() -> str | None:
         return None
 
 
-_PG_URL = postgres_url()
+_PG_SERVER_URL = postgres_url()
+
+
+@pytest.fixture(scope="session")
+def _pg_database() -> str | None:
+    """A database of this test session's own, so parallel sessions on one server never collide."""
+    if _PG_SERVER_URL is None:
+        yield None
+        return
+    server = make_url(_PG_SERVER_URL)
+    name = f"rlreg_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(_PG_SERVER_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield server.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
 
 
 def reset_postgres(url: str) -> None:
@@ -49,11 +68,11 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def pg_url() -> str:
-    if _PG_URL is None:
+def pg_url(_pg_database: str | None) -> str:
+    if _pg_database is None:
         pytest.skip("no PostgreSQL server (set RLREG_TEST_POSTGRES_URL)")
-    reset_postgres(_PG_URL)
-    return _PG_URL
+    reset_postgres(_pg_database)
+    return _pg_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
