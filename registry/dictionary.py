@@ -417,11 +417,22 @@ def ensure_default_dictionary(session: Session) -> ImportReport | None:
     return import_definitions(session, specs, author="system", note="shipped default dictionary")
 
 
+def _task_range(task_ranges: Mapping[str, Any], task: str) -> Mapping[str, Any] | None:
+    """The range kept for ``task``: exact name, then case-insensitive, then ignoring a ``-vN`` suffix."""
+    if task in task_ranges:
+        return task_ranges[task]
+    base = task.lower().rsplit("-v", 1)[0]
+    for key, rng in task_ranges.items():
+        if str(key).lower() == task.lower() or str(key).lower().rsplit("-v", 1)[0] == base:
+            return rng
+    return None
+
+
 def healthy_range_for(defn: Mapping[str, Any], task: str | None) -> tuple[float | None, float | None]:
     """The task's own range when the definition has one, else the general range."""
-    task_range = (defn.get("task_ranges") or {}).get(task or "")
-    chosen = task_range or defn.get("healthy_range") or {}
-    return chosen.get("low"), chosen.get("high")
+    chosen = (_task_range(defn.get("task_ranges") or {}, task) if task else None) or defn.get("healthy_range") or {}
+    low, high = chosen.get("low"), chosen.get("high")
+    return (None if low is None else float(low)), (None if high is None else float(high))
 
 
 __all__ = [

@@ -15,33 +15,11 @@ import numpy as np
 from .dictionary import metric_infos_from_definitions
 from .types import Curve, MetricInfo
 
-#: SB3 tag -> (canonical name, sign), as in the dictionary's stable-baselines3 aliases.
-SB3_TAGS: dict[str, tuple[str, float]] = {
-    "rollout/ep_rew_mean": ("episode_return_mean", 1.0),
-    "rollout/ep_rew_std": ("episode_return_std", 1.0),
-    "rollout/ep_len_mean": ("episode_length_mean", 1.0),
-    "train/approx_kl": ("kl_old_mean", 1.0),
-    "train/clip_fraction": ("clip_fraction", 1.0),
-    "train/clip_range": ("clip_range", 1.0),
-    "train/entropy_loss": ("entropy", -1.0),
-    "train/value_loss": ("value_loss", 1.0),
-    "train/policy_gradient_loss": ("policy_loss", 1.0),
-    "train/loss": ("total_loss", 1.0),
-    "train/explained_variance": ("explained_variance", 1.0),
-    "train/learning_rate": ("learning_rate", 1.0),
-    "train/std": ("policy_std", 1.0),
-    "time/fps": ("throughput_steps_per_s", 1.0),
-}
-
-
 @lru_cache(maxsize=1)
 def _default_definitions() -> tuple:
-    import yaml
-    path = Path(__file__).resolve().parents[1] / "data" / "default_dictionary.yaml"
-    if not path.exists():
-        return []
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return tuple(doc.get("definitions") or []) if isinstance(doc, Mapping) else tuple(doc or [])
+    from ..dictionary import default_dictionary_text, parse_document
+
+    return tuple(parse_document(default_dictionary_text(), "default_dictionary.yaml"))
 
 
 def default_definitions() -> list[dict]:
@@ -61,27 +39,24 @@ def default_metric_infos(task: str | None = None,
     return infos
 
 
-def load_sb3_run(run_dir: str | Path) -> dict[str, Curve]:
-    """Canonical curves of one SB3 TensorBoard run directory (scalars stored as tensors)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util import tensor_util
+def framework_keys(framework: str) -> dict[str, tuple[str, float]]:
+    """raw key -> (canonical name, sign) from the shipped dictionary's aliases of ``framework``."""
+    return {a["key"]: (d["name"], a["sign"]) for d in _default_definitions() for a in d["aliases"]
+            if a["framework"] == framework}
 
+
+def load_sb3_run(run_dir: str | Path) -> dict[str, Curve]:
+    """Canonical curves of one SB3 TensorBoard run directory, read by the real importer and
+    mapped (entropy's sign flipped) by the dictionary's stable-baselines3 aliases."""
+    from ..importers import open_source
+
+    keys = framework_keys("stable-baselines3")
     points: dict[str, list[tuple[int, float]]] = {}
-    for f in sorted(Path(run_dir).glob("events.out.tfevents.*")):
-        for ev in EventFileLoader(str(f)).Load():
-            for v in ev.summary.value:
-                if v.tag not in SB3_TAGS:
-                    continue
-                if v.HasField("tensor"):
-                    val = float(np.asarray(tensor_util.make_ndarray(v.tensor)).reshape(-1)[0])
-                elif v.HasField("simple_value"):
-                    val = float(v.simple_value)
-                else:
-                    continue
-                points.setdefault(v.tag, []).append((int(ev.step), val))
+    for p in open_source(Path(run_dir), "tensorboard").points():
+        if p.key in keys:
+            points.setdefault(p.key, []).append((p.step, p.value))
     out = {}
-    for tag, pts in points.items():
-        name, sign = SB3_TAGS[tag]
-        pts.sort()
-        out[name] = Curve(np.array([p[0] for p in pts]), sign * np.array([p[1] for p in pts]))
+    for key, pts in points.items():
+        name, sign = keys[key]
+        out[name] = Curve(np.array([s for s, _ in pts]), sign * np.array([v for _, v in pts]))
     return out
