@@ -427,6 +427,28 @@ def dictionary_export(ctx: click.Context, fmt: str, output: Path | None) -> None
         click.echo(text, nl=False)
 
 
+@cli.command("export")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def export_cmd(ctx: click.Context, path: Path) -> None:
+    """Write the whole registry (runs, series, dictionary with history, baselines) to one file."""
+    from .transfer import export_registry
+
+    counts = export_registry(open_from(ctx), path)
+    click.echo(f"wrote {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
+
+
+@cli.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.pass_context
+def import_cmd(ctx: click.Context, path: Path) -> None:
+    """Load an export into a new, empty registry (SQLite or PostgreSQL), in one transaction."""
+    from .transfer import import_registry
+
+    counts = import_registry(open_from(ctx), path)
+    click.echo(f"imported {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
+
+
 @cli.command()
 @click.argument("run")
 @click.option("--no-baseline", is_flag=True, help="Do not compare with the task's health baseline.")
