@@ -1,0 +1,204 @@
+"""The web UI and JSON API: ``create_app(test_config)`` builds the Flask application.
+
+Configuration comes from :class:`config.Config` (environment ``RLREG_*``), overridden by
+``test_config`` keys (``DATABASE_URL``, ``SECRET_KEY``, ``PLOT_CACHE_DIR``, ``WTF_CSRF_ENABLED``,
+or ``REGISTRY`` to hand in an open :class:`~registry.store.Registry`). Templates live in the
+top-level ``templates/`` folder, static files in ``registry/static/``.
+
+Blueprints: ``ui`` (runs table, run dashboard, comparison), ``dictionary`` (metric
+dictionary, edit form), ``plots`` (rendered images and their data), ``api`` (JSON under /api/).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import Flask, current_app, jsonify, render_template, request
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from werkzeug.exceptions import HTTPException
+
+from config import Config, secret_key
+
+from ..errors import FilterSyntaxError, InputError, NotFoundError, RegistryError
+from ..store import Registry
+from .cache import DEFAULT_MAX_BYTES, PlotCache
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATE_DIR = PACKAGE_DIR.parents[1] / "templates"
+STATIC_DIR = PACKAGE_DIR.parent / "static"
+
+DEFAULT_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+
+csrf = CSRFProtect()
+
+
+def create_app(test_config: dict[str, Any] | None = None) -> Flask:
+    app = Flask(__name__, template_folder=str(TEMPLATE_DIR), static_folder=str(STATIC_DIR),
+                static_url_path="/static")
+    app.config.from_object(Config)
+    app.config.setdefault("PLOT_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES)
+    app.config.setdefault("CONTENT_SECURITY_POLICY", DEFAULT_CSP)
+    app.config["JSON_SORT_KEYS"] = False
+    if test_config:
+        app.config.update(test_config)
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = secret_key(SimpleNamespace(
+            SECRET_KEY=None, PRODUCTION=bool(app.config.get("PRODUCTION"))))
+    app.json.sort_keys = False
+
+    registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"))
+    app.extensions["rlregistry"] = registry
+    app.extensions["rlregistry.plot_cache"] = PlotCache(
+        max_bytes=app.config["PLOT_CACHE_MAX_BYTES"], directory=app.config.get("PLOT_CACHE_DIR"))
+
+    csrf.init_app(app)
+    _register_template_helpers(app)
+    _register_error_handlers(app)
+
+    @app.after_request
+    def _security_headers(response):  # noqa: ANN001, ANN202
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        csp = app.config.get("CONTENT_SECURITY_POLICY")
+        if csp:
+            response.headers.setdefault("Content-Security-Policy", csp)
+        return response
+
+    from . import api, dictionary_views, plots, views
+
+    app.register_blueprint(views.bp)
+    app.register_blueprint(dictionary_views.bp)
+    app.register_blueprint(plots.bp)
+    app.register_blueprint(api.bp)
+    csrf.exempt(api.bp)  # read-only JSON; writes through the API will need token auth, not a form token
+    return app
+
+
+def get_registry() -> Registry:
+    return current_app.extensions["rlregistry"]
+
+
+def get_plot_cache() -> PlotCache:
+    return current_app.extensions["rlregistry.plot_cache"]
+
+
+# --- templates -------------------------------------------------------------------
+
+
+def format_number(value: Any, digits: int = 4) -> str:
+    """Numbers for tables: 4 significant digits, thousands separators for big whole numbers."""
+    if value is None:
+        return "\u2014"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Inf" if value > 0 else "-Inf"
+        if value == 0:
+            return "0"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        if 1e4 <= abs(value) < 1e15:
+            return f"{value:,.0f}"
+        text = f"{value:.{digits}g}"
+        if "e" in text:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}e{int(exponent)}"
+        return text
+    return str(value)
+
+
+def show_value(value: Any) -> str:
+    """A definition field's value in the edit history: compact JSON for structures, "unset" for None."""
+    if value is None:
+        return "unset"
+    if isinstance(value, (dict, list, tuple)):
+        import json
+
+        return json.dumps(value, sort_keys=True, default=str)
+    return format_number(value, 6) if isinstance(value, (int, float)) else str(value)
+
+
+def modify_query(**changes: Any) -> str:
+    """The current URL with some query parameters replaced (None removes one); lists repeat a key."""
+    args = request.args.to_dict(flat=False)
+    for key, value in changes.items():
+        if value is None or value == "":
+            args.pop(key, None)
+        elif isinstance(value, (list, tuple)):
+            args[key] = [str(v) for v in value]
+        else:
+            args[key] = [str(value)]
+    query = urlencode([(k, v) for k, vs in args.items() for v in vs])
+    return request.path + ("?" + query if query else "")
+
+
+def _register_template_helpers(app: Flask) -> None:
+    app.jinja_env.filters["num"] = format_number
+    app.jinja_env.filters["show"] = show_value
+    app.jinja_env.globals["modify_query"] = modify_query
+    app.jinja_env.trim_blocks = True
+    app.jinja_env.lstrip_blocks = True
+
+    @app.template_filter("when")
+    def _when(value: Any) -> str:
+        if not value:
+            return "\u2014"
+        text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+        return text.replace("T", " ")[:16]
+
+    @app.template_filter("query")
+    def _query(params: dict[str, Any]) -> str:
+        items = [(k, v) for k, vals in params.items() for v in (vals if isinstance(vals, (list, tuple)) else [vals])
+                 if v is not None and v != ""]
+        return urlencode(items)
+
+
+# --- errors ----------------------------------------------------------------------
+
+
+def _wants_json() -> bool:
+    return request.path.startswith("/api/")
+
+
+def _status_for(exc: RegistryError) -> int:
+    if isinstance(exc, NotFoundError):
+        return 404
+    return 400
+
+
+def _register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(RegistryError)
+    def _registry_error(exc: RegistryError):  # noqa: ANN202
+        status = _status_for(exc)
+        if _wants_json():
+            return jsonify({"error": str(exc)}), status
+        return render_template("error.html", status=status, message=str(exc),
+                               title="Not found" if status == 404 else "Bad request"), status
+
+    @app.errorhandler(CSRFError)
+    def _csrf_error(exc: CSRFError):  # noqa: ANN202
+        message = f"the form could not be accepted: {exc.description} Reload the page and try again."
+        if _wants_json():
+            return jsonify({"error": message}), 400
+        return render_template("error.html", status=400, message=message, title="Form expired"), 400
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):  # noqa: ANN202
+        if _wants_json():
+            return jsonify({"error": exc.description or exc.name}), exc.code
+        return render_template("error.html", status=exc.code, message=exc.description, title=exc.name), exc.code
+
+
+__all__ = ["create_app", "get_registry", "get_plot_cache", "FilterSyntaxError", "InputError"]

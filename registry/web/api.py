@@ -1,0 +1,135 @@
+"""The JSON API under /api/ (documented in ``openapi.yaml``, served at /api/openapi.yaml).
+
+Errors are ``{"error": message}``: 400 for a malformed filter or parameter, 404 for an
+unknown run, series or definition.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flask import Blueprint, Response, abort, jsonify, request
+
+from ..errors import InputError
+from . import get_registry, queries
+from .downsample import MAX_POINTS, downsample_indices
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: NaN/Inf become null, datetimes ISO 8601 text."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a whole number; got {raw!r}") from None
+    if not low <= value <= high:
+        raise InputError(f"{name} must be between {low} and {high}; got {value}")
+    return value
+
+
+@bp.get("/openapi.yaml")
+def openapi() -> Response:
+    return Response(OPENAPI_PATH.read_text(encoding="utf-8"), mimetype="application/yaml")
+
+
+@bp.get("/runs")
+def runs() -> Response:
+    limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    offset = _int_arg("offset", 0, 0, 10**9)
+    where = request.args.get("filter") or request.args.get("q") or None
+    rows, total = get_registry().list_runs(
+        where=where, project=request.args.get("project") or None, tag=request.args.get("tag") or None,
+        verdict=request.args.get("verdict") or None, status=request.args.get("status") or None,
+        order_by=request.args.get("order") or "-created_at", limit=limit, offset=offset,
+    )
+    return jsonify({"runs": clean(rows), "total": total, "limit": limit, "offset": offset})
+
+
+@bp.get("/runs/<ref>")
+def run(ref: str) -> Response:
+    return jsonify(clean(get_registry().run_detail(ref)))
+
+
+@bp.get("/runs/<ref>/series")
+def series(ref: str) -> Response:
+    """One series' points; ``canonical=1`` applies the alias sign, ``points=N`` downsamples (MinMaxLTTB)."""
+    key = request.args.get("key")
+    if not key:
+        raise InputError("query parameter 'key' is required")
+    canonical = (request.args.get("canonical") or "").lower() in ("1", "true", "yes")
+    points = _int_arg("points", 0, 0, MAX_POINTS)
+    if points and points < 10:
+        raise InputError("points must be at least 10 (or 0 for every point)")
+    reg = get_registry()
+    sref = queries.series_ref(reg, ref, key)
+    data = reg.read_series(sref.run_id, sref.key)
+    steps = np.asarray(data.steps)
+    values = np.asarray(data.values, dtype=np.float64)
+    if canonical and sref.sign != 1.0:
+        values = values * sref.sign
+    nonfinite = int((~np.isfinite(values)).sum())
+    downsampled = False
+    if points and len(steps) > points:
+        finite = np.isfinite(values)
+        fs, fv = steps[finite], values[finite]
+        idx = downsample_indices(fs, fv, points)
+        if idx is not None:
+            steps, values, downsampled = fs[idx], fv[idx], True
+    value_list = values.tolist()
+    if not np.isfinite(values).all():
+        value_list = [v if math.isfinite(v) else None for v in value_list]
+    return jsonify({
+        "run_id": sref.run_id, "key": sref.key,
+        "definition": sref.definition_name,
+        "canonical": canonical, "sign": sref.sign, "semantics": clean(sref.semantics),
+        "count": sref.count, "nonfinite": nonfinite, "returned": len(value_list), "downsampled": downsampled,
+        "steps": steps.tolist(), "values": value_list,
+    })
+
+
+@bp.get("/definitions")
+def definitions() -> Response:
+    layer = request.args.get("layer") or None
+    defs = get_registry().definitions_by_name()
+    versions = queries.definition_versions(get_registry())
+    items = [dict(d, version=versions.get(name)) for name, d in defs.items() if not layer or d["layer"] == layer]
+    return jsonify({"definitions": clean(items)})
+
+
+@bp.get("/definitions/<name>")
+def definition(name: str) -> Response:
+    current, versions = queries.definition_history(get_registry(), name)
+    out = dict(current)
+    out["versions"] = [
+        {"version": v["version"], "author": v["author"], "note": v["note"], "created_at": v["created_at"],
+         "changed_fields": v["changed_fields"]}
+        for v in versions
+    ]
+    return jsonify(clean(out))
+
+
+@bp.route("/<path:anything>")
+def not_found(anything: str) -> Response:
+    abort(404, f"no API endpoint /api/{anything}")

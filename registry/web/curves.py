@@ -1,0 +1,585 @@
+"""From stored series to plot specs and exports: smoothing, downsampling, overlays.
+
+Smoothing always runs on the full series; only then are raw and smoothed points reduced
+to display size. Overlays use canonical values (the alias sign applied) and refuse to mix
+series whose semantics differ: they are drawn in separate styles with a warning naming
+the difference.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..dictionary import healthy_range_for
+from ..errors import InputError
+from ..semantics import FIELD_LABELS, SEMANTIC_FIELDS, semantic_differences
+from ..series import SeriesData
+from . import smoothing
+from .downsample import DISPLAY_POINTS, MAX_POINTS, downsample_indices
+from .plotting import PALETTE, SINGLE_RAW, SINGLE_SMOOTH, PlotSpec, Trace, light
+
+DEFAULT_WINDOW = 10
+ALIGNMENTS = ("step", "fraction")
+BANDS = ("minmax", "std")
+NORMALIZATIONS = ("zscore", "minmax")
+NORMALIZATION_LABELS = {"zscore": "z-score per run", "minmax": "min-max per run"}
+GRID_POINTS = 600
+MAX_COMPARE_RUNS = 24
+# Objective quantities that are shown twice in a comparison: as logged and normalised per run.
+NORMALIZED_QUANTITIES = ("reward", "return")
+
+
+def _choice(args: Mapping[str, str], name: str, allowed: Sequence[str], default: str) -> str:
+    value = (args.get(name) or default).strip().lower()
+    if value == "centered":
+        value = "centred"
+    if value not in allowed:
+        raise InputError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def _int(args: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
+    raw = (args.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a whole number; got {raw!r}") from None
+    if not low <= value <= high:
+        raise InputError(f"{name} must be between {low} and {high}; got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class SmoothOptions:
+    """How a plot is smoothed and reduced (query parameters ``smooth``, ``window``, ``outliers``, ``points``)."""
+
+    method: str = "ema"
+    window: int | None = None  # None: the metric definition's smoothing_window
+    ignore_outliers: bool = False
+    points: int = DISPLAY_POINTS
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> SmoothOptions:
+        return cls(
+            method=_choice(args, "smooth", smoothing.METHODS, "ema"),
+            window=_int(args, "window", None, 1, smoothing.MAX_WINDOW),
+            ignore_outliers=(args.get("outliers") or "") in ("ignore", "1", "on", "true"),
+            points=_int(args, "points", DISPLAY_POINTS, 10, MAX_POINTS) or DISPLAY_POINTS,
+        )
+
+    def window_for(self, definition: Mapping[str, Any] | None) -> int:
+        if self.window is not None:
+            return self.window
+        return int((definition or {}).get("smoothing_window") or DEFAULT_WINDOW)
+
+    def key(self) -> tuple:
+        return (self.method, self.window, self.ignore_outliers, self.points)
+
+    def query(self) -> dict[str, str]:
+        """Non-default options as query parameters (for links that keep the page's choices)."""
+        out = {}
+        if self.method != "ema":
+            out["smooth"] = self.method
+        if self.window is not None:
+            out["window"] = str(self.window)
+        if self.ignore_outliers:
+            out["outliers"] = "ignore"
+        if self.points != DISPLAY_POINTS:
+            out["points"] = str(self.points)
+        return out
+
+
+@dataclass
+class Prepared:
+    """One series ready to plot: finite points, smoothed values, and where NaN/Inf were."""
+
+    x: np.ndarray                # finite points' x (steps, or fraction of training)
+    y: np.ndarray                # finite canonical values
+    smooth: np.ndarray | None    # smoothed y (same length), computed on the full series
+    nonfinite_x: np.ndarray
+    total: int                   # points stored, finite or not
+    window: int
+    steps: np.ndarray            # every stored step (exports)
+    values: np.ndarray           # every stored value, canonical sign (exports)
+
+
+def prepare(data: SeriesData, sign: float, method: str, window: int, *, x_scale: float | None = None,
+            normalize: str | None = None) -> Prepared:
+    steps = np.asarray(data.steps)
+    values = np.asarray(data.values, dtype=np.float64)
+    if sign != 1.0:
+        values = values * sign
+    finite = np.isfinite(values)
+    all_finite = bool(finite.all())
+    y = values if all_finite else values[finite]
+    if normalize:
+        y = normalize_values(y, normalize)
+        values = np.full(values.shape, np.nan)
+        values[finite] = y
+    x = steps if all_finite else steps[finite]
+    nonfinite = steps[~finite] if not all_finite else steps[:0]
+    if x_scale:
+        x = x / x_scale
+        nonfinite = nonfinite / x_scale
+    smooth = smoothing.smooth(y, method, window) if y.size else None
+    return Prepared(x=x, y=y, smooth=smooth, nonfinite_x=nonfinite, total=len(steps), window=window,
+                    steps=steps, values=values)
+
+
+def normalize_values(y: np.ndarray, how: str) -> np.ndarray:
+    if y.size == 0:
+        return y
+    if how == "zscore":
+        std = float(y.std())
+        return (y - y.mean()) / std if std > 0 else y - y.mean()
+    if how == "minmax":
+        lo, hi = float(y.min()), float(y.max())
+        return (y - lo) / (hi - lo) if hi > lo else np.zeros_like(y)
+    raise ValueError(how)
+
+
+def reduce_for_display(p: Prepared, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Raw and smoothed points reduced to ``n_out`` each (MinMaxLTTB keeps spikes)."""
+    idx = downsample_indices(p.x, p.y, n_out)
+    raw_x, raw_y = (p.x, p.y) if idx is None else (p.x[idx], p.y[idx])
+    if p.smooth is None:
+        return raw_x, raw_y, None, None
+    sidx = downsample_indices(p.x, p.smooth, n_out)
+    sx, sy = (p.x, p.smooth) if sidx is None else (p.x[sidx], p.smooth[sidx])
+    return raw_x, raw_y, sx, sy
+
+
+def thin_nonfinite(x: np.ndarray, bins: int = 600) -> np.ndarray:
+    """At most one tick per pixel-ish bin: a million NaNs must not mean a million markers."""
+    if len(x) <= bins:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    if hi <= lo:
+        return x[:1]
+    keys = np.floor((x - lo) / (hi - lo) * bins)
+    _, first = np.unique(keys, return_index=True)
+    return x[first]
+
+
+def y_limits(ys: Sequence[np.ndarray], ignore_outliers: bool) -> tuple[float, float] | None:
+    ys = [y for y in ys if y is not None and y.size]
+    if not ys:
+        return None
+    if ignore_outliers:
+        lows = [float(np.percentile(y, 0.5)) for y in ys]
+        highs = [float(np.percentile(y, 99.5)) for y in ys]
+    else:
+        lows = [float(y.min()) for y in ys]
+        highs = [float(y.max()) for y in ys]
+    return min(lows), max(highs)
+
+
+def fmt_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def describe_semantics(semantics: Mapping[str, Any] | None) -> str:
+    """``KL estimator k3 · averaging batch · normalization axis none · logging point rollout``."""
+    semantics = semantics or {}
+    parts = []
+    for f in SEMANTIC_FIELDS:
+        if f == "quantity":
+            continue
+        v = semantics.get(f)
+        if v and v != "n/a":
+            parts.append(f"{FIELD_LABELS[f]} {v}")
+    return " \u00b7 ".join(parts) or "semantics unspecified"
+
+
+# --- one run, one metric -----------------------------------------------------------
+
+
+def run_plot_spec(data: SeriesData, *, sign: float, definition: Mapping[str, Any] | None, task: str | None,
+                  opts: SmoothOptions, title: str | None = None) -> tuple[PlotSpec, Prepared]:
+    window = opts.window_for(definition)
+    p = prepare(data, sign, opts.method, window)
+    raw_x, raw_y, sx, sy = reduce_for_display(p, opts.points)
+    notes = []
+    if len(raw_x) < len(p.x):
+        notes.append(f"downsampled {fmt_count(len(p.x))} -> {fmt_count(len(raw_x))} points")
+    if len(p.nonfinite_x):
+        notes.append(f"{fmt_count(len(p.nonfinite_x))} NaN/Inf (red ticks)")
+    if p.total == 0:
+        notes.append("no points")
+    healthy = healthy_range_for(definition, task) if definition else None
+    trace = Trace(label=None, color=SINGLE_SMOOTH, raw_color=SINGLE_RAW, raw_x=raw_x, raw_y=raw_y,
+                  smooth_x=sx, smooth_y=sy, nonfinite_x=thin_nonfinite(p.nonfinite_x))
+    spec = PlotSpec(traces=[trace], title=title, healthy=healthy,
+                    ylim=y_limits([p.y, p.smooth], opts.ignore_outliers), notes=notes)
+    return spec, p
+
+
+def export_rows(p: Prepared) -> dict[str, list]:
+    """Full-resolution columns for CSV/JSON download: step, value, smoothed (None where not finite)."""
+    smoothed = np.full(len(p.values), np.nan)
+    if p.smooth is not None:
+        smoothed[np.isfinite(p.values)] = p.smooth
+    return {"step": p.steps.tolist(), "value": _nullable(p.values), "smoothed": _nullable(smoothed)}
+
+
+def _nullable(a: np.ndarray) -> list[float | None]:
+    out = a.tolist()
+    if not np.isfinite(a).all():
+        bad = np.flatnonzero(~np.isfinite(a))
+        for i in bad.tolist():
+            out[i] = None
+    return out
+
+
+# --- several runs ------------------------------------------------------------------
+
+SEED_KEYS = ("seed", "random_seed", "rng_seed")
+
+
+def is_seed_key(key: str) -> bool:
+    last = key.lower().rsplit(".", 1)[-1].rsplit("/", 1)[-1]
+    return last in SEED_KEYS or last.endswith("_seed")
+
+
+def configuration(run: Mapping[str, Any]) -> tuple:
+    """What makes runs seeds of one configuration: everything but the seed."""
+    params = tuple(sorted((k, repr(v)) for k, v in (run.get("params") or {}).items() if not is_seed_key(k)))
+    return (run.get("project"), run.get("algorithm"), run.get("framework"), run.get("task"), params)
+
+
+@dataclass
+class Unit:
+    """A line in the legend: one run, or a group of seeds of one configuration."""
+
+    index: int
+    label: str
+    runs: list[dict[str, Any]]
+    color: str
+
+    @property
+    def css_class(self) -> str:
+        return f"c{self.index % len(PALETTE)}"
+
+    @property
+    def is_group(self) -> bool:
+        return len(self.runs) > 1
+
+
+def hyperparameter_diff(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows for keys whose values differ between the runs (missing counts as different), and the same keys."""
+    fields = [("algorithm", "algorithm"), ("framework", "framework"), ("task", "task"), ("project", "project")]
+    keys = sorted({k for r in runs for k in (r.get("params") or {})})
+    differing, same = [], []
+    missing = object()
+    for label, f in fields:
+        values = [r.get(f) for r in runs]
+        if len({repr(v) for v in values}) > 1:
+            differing.append({"key": label, "values": values, "kind": "run", "present": [True] * len(values)})
+    for k in keys:
+        values = [(r.get("params") or {}).get(k, missing) for r in runs]
+        if len({repr(v) if v is not missing else "<missing>" for v in values}) > 1:
+            differing.append({"key": k, "kind": "param", "present": [v is not missing for v in values],
+                              "values": [None if v is missing else v for v in values]})
+        else:
+            same.append(k)
+    # Mark, per row, which cells differ from the first run's value: those get highlighted.
+    for row in differing:
+        base = (row["present"][0], repr(row["values"][0]))
+        row["differs"] = [(p, repr(v)) != base for p, v in zip(row["present"], row["values"])]
+    return differing, same
+
+
+def build_units(runs: Sequence[dict[str, Any]], group_seeds: bool) -> list[Unit]:
+    """Runs grouped into seed groups (when asked and when a configuration has several runs)."""
+    buckets: dict[tuple, list[dict[str, Any]]] = {}
+    order: list[tuple] = []
+    for r in runs:
+        key = configuration(r) if group_seeds else (r["id"],)
+        if key not in buckets:
+            buckets[key] = []
+            order.append(key)
+        buckets[key].append(r)
+    # Label groups by what distinguishes their configuration from the others.
+    reps = [buckets[k][0] for k in order]
+    diff_rows, _ = hyperparameter_diff(reps) if len(reps) > 1 else ([], [])
+    distinguishing = [row["key"] for row in diff_rows if not is_seed_key(row["key"])][:3]
+    units = []
+    for i, key in enumerate(order):
+        members = buckets[key]
+        if len(members) == 1:
+            label = members[0]["name"]
+        else:
+            label = f"{_group_name(members, distinguishing)} ({len(members)} seeds)"
+        units.append(Unit(index=i, label=label, runs=members, color=PALETTE[i % len(PALETTE)]))
+    return units
+
+
+def _group_name(members: Sequence[Mapping[str, Any]], distinguishing: Sequence[str]) -> str:
+    """``sb3-cartpole-s*`` from the runs' common name prefix, else the distinguishing settings."""
+    names = [m["name"] for m in members]
+    prefix = os.path.commonprefix(names)
+    if len(prefix) >= 4:
+        return prefix.rstrip("-_ .") + "*" if prefix not in names else prefix
+    rep = members[0]
+    bits = []
+    for k in distinguishing[:2]:
+        v = rep.get(k) if k in ("algorithm", "framework", "task", "project") else (rep.get("params") or {}).get(k)
+        bits.append(f"{k.rsplit('.', 1)[-1]}={_short(v)}")
+    return ", ".join(bits) or names[0]
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    text = str(v)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+@dataclass
+class Member:
+    run: dict[str, Any]
+    series: dict[str, Any]   # run_detail series entry
+
+
+@dataclass
+class MetricComparison:
+    """One canonical metric across the selected runs, with its semantic check."""
+
+    name: str
+    definition: dict[str, Any] | None
+    members: list[Member]
+    missing: list[dict[str, Any]]
+    semantic_groups: list[tuple[tuple, list[Member]]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def layer(self) -> str:
+        return (self.definition or {}).get("layer") or "diagnostic"
+
+    @property
+    def normalizable(self) -> bool:
+        return (self.definition or {}).get("quantity") in NORMALIZED_QUANTITIES
+
+
+def _semantic_tuple(sem: Mapping[str, Any]) -> tuple:
+    return tuple(sem.get(f) for f in SEMANTIC_FIELDS)
+
+
+def pick_series(detail: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per canonical name, the run's series with most points (as ``canonical_curves`` picks)."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in sorted(detail.get("series") or [], key=lambda s: (-(s.get("count") or 0), s["key"])):
+        name = s.get("definition")
+        if name and name not in out:
+            out[name] = s
+    return out
+
+
+def compare_metrics(details: Sequence[dict[str, Any]], definitions: Mapping[str, dict[str, Any]]) -> list[MetricComparison]:
+    """Every canonical metric any selected run has, with semantic differences found.
+
+    Semantics are compared group against group: each distinct combination (estimator,
+    averaging, normalisation axis, logging point) is a group; a warning names each field
+    on which a group differs from the first, and which runs are on each side.
+    """
+    picked = [(d, pick_series(d)) for d in details]
+    names = sorted({n for _, p in picked for n in p},
+                   key=lambda n: (_LAYER_ORDER.get((definitions.get(n) or {}).get("layer"), 3), n))
+    out = []
+    for name in names:
+        members = [Member(d, p[name]) for d, p in picked if name in p]
+        missing = [d for d, p in picked if name not in p]
+        groups: dict[tuple, list[Member]] = {}
+        for m in members:
+            groups.setdefault(_semantic_tuple(m.series.get("semantics") or {}), []).append(m)
+        comp = MetricComparison(name=name, definition=definitions.get(name), members=members, missing=missing,
+                                semantic_groups=list(groups.items()))
+        if len(groups) > 1:
+            (base_key, base_members), *others = comp.semantic_groups
+            base_sem = base_members[0].series.get("semantics") or {}
+            for _, other_members in others:
+                sem = other_members[0].series.get("semantics") or {}
+                diffs = semantic_differences(base_sem, sem)
+                who = f"{_names(base_members)} vs {_names(other_members)}"
+                comp.warnings.append(f"{'; '.join(diffs)} ({who})")
+        out.append(comp)
+    return out
+
+
+_LAYER_ORDER = {"objective": 0, "constraint": 1, "diagnostic": 2}
+
+
+def _names(members: Sequence[Member], limit: int = 3) -> str:
+    names = [m.run["name"] for m in members]
+    text = ", ".join(names[:limit])
+    return text + (f" +{len(names) - limit}" if len(names) > limit else "")
+
+
+def run_length(detail: Mapping[str, Any]) -> float:
+    """The last step the run reached over all its series (for fraction-of-training alignment)."""
+    steps = [s.get("last_step") for s in detail.get("series") or [] if s.get("last_step") is not None]
+    return float(max(steps)) if steps else 1.0
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    align: str = "step"
+    group: bool = True
+    band: str = "minmax"
+    norm: str = "zscore"
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> CompareOptions:
+        group_raw = (args.get("group") or "1").strip().lower()
+        return cls(
+            align=_choice(args, "align", ALIGNMENTS, "step"),
+            group=group_raw not in ("0", "off", "false", "no"),
+            band=_choice(args, "band", BANDS, "minmax"),
+            norm=_choice(args, "norm", NORMALIZATIONS, "zscore"),
+        )
+
+    def key(self) -> tuple:
+        return (self.align, self.group, self.band, self.norm)
+
+    def query(self) -> dict[str, str]:
+        out = {}
+        if self.align != "step":
+            out["align"] = self.align
+        if not self.group:
+            out["group"] = "0"
+        if self.band != "minmax":
+            out["band"] = self.band
+        if self.norm != "zscore":
+            out["norm"] = self.norm
+        return out
+
+
+def group_band(prepared: Sequence[Prepared], band: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean of the members' smoothed curves on a common grid, with min-max or +-std band."""
+    curves = [(p.x, p.smooth if p.smooth is not None else p.y) for p in prepared if len(p.x)]
+    if not curves:
+        empty = np.empty(0)
+        return empty, empty, empty, empty
+    lo = min(float(x[0]) for x, _ in curves)
+    hi = max(float(x[-1]) for x, _ in curves)
+    grid = np.linspace(lo, hi, GRID_POINTS) if hi > lo else np.array([lo])
+    stack = np.full((len(curves), len(grid)), np.nan)
+    for i, (x, y) in enumerate(curves):
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        stack[i, inside] = np.interp(grid[inside], x.astype(np.float64), y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(stack, axis=0)
+        if band == "std":
+            std = np.nanstd(stack, axis=0)
+            low, high = mean - std, mean + std
+        else:
+            low, high = np.nanmin(stack, axis=0), np.nanmax(stack, axis=0)
+    ok = np.isfinite(mean)
+    return grid[ok], mean[ok], low[ok], high[ok]
+
+
+LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)))
+
+
+def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: Sequence[Unit],
+                 opts: CompareOptions, smooth: SmoothOptions, *, normalized: bool = False) -> tuple[PlotSpec, dict]:
+    """The overlay of one metric: per unit a raw+smoothed curve or a seed group's mean and band.
+
+    ``data`` maps run id -> that run's series for this metric (raw values; sign applied here).
+    Returns the spec and the full-resolution export table.
+    """
+    window = smooth.window_for(comp.definition)
+    norm = opts.norm if normalized else None
+    sem_index = {id(m): gi for gi, (_, ms) in enumerate(comp.semantic_groups) for m in ms}
+    member_by_run = {m.run["id"]: m for m in comp.members}
+    n_traces = sum(1 for u in units for r in u.runs if r["id"] in member_by_run) or 1
+    per_trace = max(300, smooth.points // n_traces)
+    traces: list[Trace] = []
+    ys: list[np.ndarray] = []
+    total_in = total_out = 0
+    export: dict[str, list] = {"run_id": [], "run": [], "step": [], "x": [], "value": [], "smoothed": []}
+    for unit in units:
+        # Within a unit, members with different semantics are never averaged together.
+        by_sem: dict[int, list[tuple[Member, Prepared]]] = {}
+        for r in unit.runs:
+            m = member_by_run.get(r["id"])
+            if m is None or r["id"] not in data:
+                continue
+            scale = run_length(r) if opts.align == "fraction" else None
+            p = prepare(data[r["id"]], m.series.get("sign") or 1.0, smooth.method, window, x_scale=scale,
+                        normalize=norm)
+            by_sem.setdefault(sem_index.get(id(m), 0), []).append((m, p))
+            _extend_export(export, r, p, scale)
+        for gi, items in sorted(by_sem.items()):
+            style = LINESTYLES[gi % len(LINESTYLES)]
+            suffix = _semantic_suffix(comp, gi)
+            if len(items) > 1:
+                gx, mean, low, high = group_band([p for _, p in items], opts.band)
+                label = f"{unit.label}{suffix}" if len(items) == len(unit.runs) else \
+                    f"{unit.label.rsplit(' (', 1)[0]} ({len(items)} seeds){suffix}"
+                traces.append(Trace(label=label, color=unit.color, smooth_x=gx, smooth_y=mean, band_x=gx,
+                                    band_low=low, band_high=high, linestyle=style))
+                ys += [low, high]
+                total_in += sum(len(p.x) for _, p in items)
+                total_out += len(gx)
+            else:
+                m, p = items[0]
+                raw_x, raw_y, sx, sy = reduce_for_display(p, per_trace)
+                traces.append(Trace(label=m.run["name"] + suffix, color=unit.color, raw_x=raw_x, raw_y=raw_y,
+                                    smooth_x=sx, smooth_y=sy, linestyle=style,
+                                    nonfinite_x=thin_nonfinite(p.nonfinite_x)))
+                ys += [p.y, p.smooth]
+                total_in += len(p.x)
+                total_out += len(raw_x)
+    notes = []
+    if total_out < total_in:
+        notes.append(f"downsampled {fmt_count(total_in)} -> {fmt_count(total_out)} points")
+    if any(t.band_x is not None for t in traces):
+        notes.append("seed groups: mean, band " + ("\u00b1 1 std" if opts.band == "std" else "min-max"))
+    if normalized:
+        notes.append(NORMALIZATION_LABELS[opts.norm])
+    healthy = None
+    if comp.definition and not normalized:
+        tasks = {m.run.get("task") for m in comp.members}
+        healthy = healthy_range_for(comp.definition, tasks.pop() if len(tasks) == 1 else None)
+    spec = PlotSpec(
+        traces=traces, healthy=healthy, ylim=y_limits(ys, smooth.ignore_outliers), notes=notes,
+        warnings=[f"not comparable: {w}" for w in comp.warnings], legend=True, width=6.4, height=3.1,
+        xlabel="fraction of training" if opts.align == "fraction" else "step",
+        fraction_axis=opts.align == "fraction",
+    )
+    return spec, export
+
+
+def _semantic_suffix(comp: MetricComparison, gi: int) -> str:
+    """`` [k1]``: the semantic values that set this group apart from the other groups."""
+    if len(comp.semantic_groups) <= 1:
+        return ""
+    keys = [k for k, _ in comp.semantic_groups]
+    varying = [i for i in range(len(SEMANTIC_FIELDS)) if len({k[i] for k in keys}) > 1]
+    return " [" + ", ".join(str(keys[gi][i] or "unspecified") for i in varying) + "]"
+
+
+def _extend_export(export: dict[str, list], run: Mapping[str, Any], p: Prepared, scale: float | None) -> None:
+    rows = export_rows(p)
+    n = len(rows["step"])
+    export["run_id"] += [run["id"]] * n
+    export["run"] += [run["name"]] * n
+    export["step"] += rows["step"]
+    export["x"] += (p.steps / scale).tolist() if scale else rows["step"]
+    export["value"] += rows["value"]
+    export["smoothed"] += rows["smoothed"]
+
+
+def finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

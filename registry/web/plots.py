@@ -1,0 +1,234 @@
+"""Rendered plots (PNG, or SVG with ``?format=svg``) and the data behind each plot (CSV, JSON).
+
+Every image is cached under a content key: the runs' ids and ``data_version``, the
+metric, the current version of its definition (healthy range and smoothing default come
+from there), and every display option. The key's digest is the ETag, so a browser that
+already has the image gets ``304 Not Modified`` before anything is read or drawn.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, Callable
+
+import numpy as np
+from flask import Blueprint, Response, abort, request
+
+from ..errors import InputError, NotFoundError
+from . import get_plot_cache, get_registry, queries
+from .cache import digest
+from .curves import (
+    MAX_COMPARE_RUNS,
+    CompareOptions,
+    SmoothOptions,
+    build_units,
+    compare_metrics,
+    export_rows,
+    overlay_spec,
+    prepare,
+    run_plot_spec,
+)
+from .plotting import FORMATS, render
+from .smoothing import describe
+
+bp = Blueprint("plots", __name__, url_prefix="/plots")
+
+# Bump when rendering changes, so persistent (disk) caches do not serve old pictures.
+RENDER_VERSION = 3
+
+
+def _format() -> str:
+    fmt = (request.args.get("format") or "png").lower()
+    if fmt not in FORMATS:
+        raise InputError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    return fmt
+
+
+def _conditional(tag: str, mimetype: str, make: Callable[[], bytes], cache: bool = True) -> Response:
+    """304 when the client has this version, else the (cached) bytes with an ETag."""
+    if request.if_none_match.contains(tag):
+        response = Response(status=304)
+    else:
+        if cache:
+            data, hit = get_plot_cache().get_or_create(tag, make)
+        else:
+            data, hit = make(), False
+        response = Response(data, mimetype=mimetype)
+        response.headers["X-Plot-Cache"] = "hit" if hit else "miss"
+    response.set_etag(tag)
+    # The URL does not change when the run gets new points: always revalidate (cheap, see above).
+    response.headers["Cache-Control"] = "private, no-cache"
+    return response
+
+
+def _required(name: str) -> str:
+    value = request.args.get(name)
+    if not value:
+        raise InputError(f"query parameter {name!r} is required")
+    return value
+
+
+# --- one run -----------------------------------------------------------------------
+
+
+def _run_key(sref: queries.SeriesRef, opts: SmoothOptions, what: str) -> tuple:
+    return (what, RENDER_VERSION, sref.run_id, sref.data_version, sref.key, sref.definition_name,
+            sref.definition_version, sref.task, opts.key())
+
+
+@bp.get("/run/<ref>")
+def run_plot(ref: str) -> Response:
+    """One series of one run: raw points light, smoothed line dark, healthy band."""
+    key = _required("key")
+    opts = SmoothOptions.from_args(request.args)
+    fmt = _format()
+    reg = get_registry()
+    sref = queries.series_ref(reg, ref, key)
+
+    def make() -> bytes:
+        data = reg.read_series(sref.run_id, sref.key)
+        spec, _ = run_plot_spec(data, sign=sref.sign, definition=sref.definition(reg), task=sref.task, opts=opts)
+        return render(spec, fmt)
+
+    return _conditional(digest(_run_key(sref, opts, "run-plot") + (fmt,)), FORMATS[fmt], make)
+
+
+@bp.get("/run/<ref>/data.<fmt>")
+def run_data(ref: str, fmt: str) -> Response:
+    """The plotted series at full resolution: step, value (canonical sign), smoothed."""
+    if fmt not in ("csv", "json"):
+        abort(404)
+    key = _required("key")
+    opts = SmoothOptions.from_args(request.args)
+    reg = get_registry()
+    sref = queries.series_ref(reg, ref, key)
+
+    def make() -> bytes:
+        data = reg.read_series(sref.run_id, sref.key)
+        window = opts.window_for(sref.definition(reg))
+        p = prepare(data, sref.sign, opts.method, window)
+        rows = export_rows(p)
+        if fmt == "csv":
+            return _csv(["step", "value", "smoothed"], [rows["step"], rows["value"], rows["smoothed"]])
+        meta = {
+            "run_id": sref.run_id, "run": sref.run_name, "key": sref.key,
+            "definition": sref.definition_name, "sign": sref.sign,
+            "semantics": sref.semantics, "smoothing": {"method": opts.method, "window": window,
+                                                     "description": describe(opts.method, window)},
+            "count": len(rows["step"]), **rows,
+        }
+        return _json_bytes(meta)
+
+    mimetype = "text/csv" if fmt == "csv" else "application/json"
+    response = _conditional(digest(_run_key(sref, opts, "run-data-" + fmt)), mimetype, make, cache=False)
+    _attachment(response, f"{sref.run_name}-{sref.key}.{fmt}")
+    return response
+
+
+# --- comparisons -------------------------------------------------------------------
+
+
+def _compare_request() -> tuple[list[str], str, bool, CompareOptions, SmoothOptions]:
+    ids: list[str] = []
+    for value in request.args.getlist("run"):
+        ids += [p.strip() for p in value.split(",") if p.strip()]
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise InputError("give the runs to compare as run=ID (repeat for several)")
+    if len(ids) > MAX_COMPARE_RUNS:
+        raise InputError(f"compare at most {MAX_COMPARE_RUNS} runs at once")
+    normalized = (request.args.get("normalized") or "") in ("1", "true", "on")
+    return ids, _required("metric"), normalized, CompareOptions.from_args(request.args), \
+        SmoothOptions.from_args(request.args)
+
+
+def _compare_key(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions,
+                 what: str) -> tuple:
+    reg = get_registry()
+    stamps = queries.run_stamps(reg, ids)
+    resolved = []
+    for ref in ids:
+        if ref not in stamps:  # a name or id prefix: resolve it (404 when unknown)
+            detail = reg.run_detail(ref)
+            stamps[detail["id"]] = detail["data_version"]
+            ref = detail["id"]
+        resolved.append((ref, stamps[ref]))
+    versions = queries.definition_versions(reg, [metric])
+    return (what, RENDER_VERSION, tuple(resolved), metric, versions.get(metric), normalized, copts.key(),
+            sopts.key())
+
+
+def _overlay(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions):
+    reg = get_registry()
+    details = list({d["id"]: d for d in (reg.run_detail(r) for r in ids)}.values())
+    defs = queries.definition_summaries(reg, [metric])
+    comps = [c for c in compare_metrics(details, defs) if c.name == metric]
+    if not comps:
+        raise NotFoundError(f"none of the selected runs has the metric {metric!r}")
+    comp = comps[0]
+    units = build_units(details, copts.group)
+    data = {m.run["id"]: reg.read_series(m.run["id"], m.series["key"]) for m in comp.members}
+    return overlay_spec(comp, data, units, copts, sopts, normalized=normalized)
+
+
+@bp.get("/compare")
+def compare_plot() -> Response:
+    """One canonical metric of several runs overlaid; semantic differences drawn as a warning."""
+    ids, metric, normalized, copts, sopts = _compare_request()
+    fmt = _format()
+    key = _compare_key(ids, metric, normalized, copts, sopts, "compare-plot") + (fmt,)
+
+    def make() -> bytes:
+        spec, _ = _overlay(ids, metric, normalized, copts, sopts)
+        return render(spec, fmt)
+
+    return _conditional(digest(key), FORMATS[fmt], make)
+
+
+@bp.get("/compare/data.<fmt>")
+def compare_data(fmt: str) -> Response:
+    """The overlay's data at full resolution, one row per run and point."""
+    if fmt not in ("csv", "json"):
+        abort(404)
+    ids, metric, normalized, copts, sopts = _compare_request()
+    key = _compare_key(ids, metric, normalized, copts, sopts, "compare-data-" + fmt)
+
+    def make() -> bytes:
+        spec, export = _overlay(ids, metric, normalized, copts, sopts)
+        columns = ["run_id", "run", "step", "x", "value", "smoothed"]
+        if fmt == "csv":
+            return _csv(columns, [export[c] for c in columns])
+        return _json_bytes({"metric": metric, "normalized": normalized, "align": copts.align,
+                            "warnings": spec.warnings, "rows": len(export["step"]), **export})
+
+    response = _conditional(digest(key), "text/csv" if fmt == "csv" else "application/json", make, cache=False)
+    _attachment(response, f"compare-{metric}.{fmt}")
+    return response
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _csv(header: list[str], columns: list[list[Any]]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(zip(*columns))
+    return buf.getvalue().encode("utf-8")
+
+
+def _json_bytes(payload: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(payload, allow_nan=False, default=_json_default).encode("utf-8")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _attachment(response: Response, filename: str) -> None:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)[:150]
+    response.headers["Content-Disposition"] = f'attachment; filename="{safe}"'

@@ -1,0 +1,163 @@
+"""Server-side plots with matplotlib's object-oriented API (Agg canvas, no pyplot state).
+
+A figure is built from a :class:`PlotSpec` that the caller has already reduced to display
+size, so rendering costs the same for a 1,000-point and a 1,000,000-point series. Every
+``Figure`` is local to one call, which keeps rendering safe in a threaded server.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, MaxNLocator
+
+# Dark colours for smoothed lines; the raw points use the same hue mixed with white.
+PALETTE = ("#1f5fa8", "#c8372d", "#2a8a3e", "#7b4fb0", "#d9770f", "#7a5230", "#c2448f", "#138a99",
+           "#555555", "#8f8a12")
+SINGLE_RAW = "#a9c9ea"
+SINGLE_SMOOTH = "#17467f"
+HEALTHY_FILL = "#dcf0d5"
+HEALTHY_EDGE = "#6aa85a"
+WARNING_RED = "#b3261e"
+FORMATS = {"png": "image/png", "svg": "image/svg+xml"}
+
+
+def light(color: str, amount: float = 0.62) -> str:
+    """``color`` mixed with ``amount`` of white (raw points under a dark smoothed line)."""
+    r, g, b = to_rgb(color)
+    return to_hex((r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount))
+
+
+@dataclass
+class Trace:
+    """One run (or one seed group) on a plot: raw points light, smoothed line dark."""
+
+    label: str | None
+    color: str
+    raw_x: np.ndarray | None = None
+    raw_y: np.ndarray | None = None
+    smooth_x: np.ndarray | None = None
+    smooth_y: np.ndarray | None = None
+    raw_color: str | None = None
+    linestyle: str = "-"
+    band_x: np.ndarray | None = None       # seed group: min-max or mean +- std
+    band_low: np.ndarray | None = None
+    band_high: np.ndarray | None = None
+    nonfinite_x: np.ndarray | None = None  # steps whose value was NaN or Inf
+
+
+@dataclass
+class PlotSpec:
+    traces: list[Trace]
+    xlabel: str = "step"
+    title: str | None = None
+    healthy: tuple[float | None, float | None] | None = None
+    ylim: tuple[float, float] | None = None
+    notes: list[str] = field(default_factory=list)      # grey, top left ("downsampled ...")
+    warnings: list[str] = field(default_factory=list)   # red banner: semantic differences
+    legend: bool = False
+    width: float = 5.0
+    height: float = 2.6
+    dpi: int = 110
+    fraction_axis: bool = False
+
+
+def _limits(spec: PlotSpec) -> tuple[float, float] | None:
+    if spec.ylim is None:
+        return None
+    lo, hi = spec.ylim
+    span = hi - lo
+    band_lo, band_hi = spec.healthy or (None, None)
+    # Show the healthy band when it is near the data; a far-away band would flatten the curve.
+    for bound in (band_lo, band_hi):
+        if bound is not None and np.isfinite(bound):
+            new_lo, new_hi = min(lo, bound), max(hi, bound)
+            if span <= 0 or (new_hi - new_lo) <= 3 * span:
+                lo, hi = new_lo, new_hi
+    span = hi - lo
+    if span <= 0:
+        pad = abs(hi) * 0.05 or 0.5
+    else:
+        pad = span * 0.06
+    return lo - pad, hi + pad
+
+
+def render(spec: PlotSpec, fmt: str = "png") -> bytes:
+    """The plot as PNG or SVG bytes."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+    top_space = 0.1 + 0.085 * len(spec.warnings) + (0.07 if spec.title else 0.0)
+    fig = Figure(figsize=(spec.width, spec.height + 0.22 * len(spec.warnings)), dpi=spec.dpi)
+    FigureCanvasAgg(fig)
+    fig.patch.set_facecolor("white")
+    fig.subplots_adjust(left=0.12, right=0.985, bottom=0.15, top=1 - min(top_space, 0.5))
+    ax = fig.add_subplot()
+    ax.set_facecolor("white")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_color("#9a9a9a")
+    ax.tick_params(labelsize=7.5, colors="#444444", length=3)
+    ax.grid(True, color="#ececec", linewidth=0.7)
+    ax.set_axisbelow(True)
+    ax.xaxis.set_major_locator(MaxNLocator(6))
+    ax.yaxis.set_major_locator(MaxNLocator(5))
+    if not spec.fraction_axis:
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel(spec.xlabel, fontsize=7.5, color="#555555", labelpad=1)
+
+    limits = _limits(spec)
+    if spec.healthy is not None:
+        low, high = spec.healthy
+        if low is not None or high is not None:
+            y0 = low if low is not None else (limits[0] if limits else -1e300)
+            y1 = high if high is not None else (limits[1] if limits else 1e300)
+            ax.axhspan(y0, y1, color=HEALTHY_FILL, zorder=0, linewidth=0)
+            for bound in (low, high):
+                if bound is not None:
+                    ax.axhline(bound, color=HEALTHY_EDGE, linewidth=0.7, linestyle=(0, (4, 3)), zorder=1)
+
+    for trace in spec.traces:
+        if trace.band_x is not None and len(trace.band_x):
+            ax.fill_between(trace.band_x, trace.band_low, trace.band_high, color=light(trace.color, 0.72),
+                            linewidth=0, zorder=2)
+        if trace.raw_x is not None and len(trace.raw_x):
+            ax.plot(trace.raw_x, trace.raw_y, color=trace.raw_color or light(trace.color), linewidth=0.8,
+                    linestyle=trace.linestyle, zorder=3, solid_joinstyle="round")
+        if trace.smooth_x is not None and len(trace.smooth_x):
+            ax.plot(trace.smooth_x, trace.smooth_y, color=trace.color, linewidth=1.6, linestyle=trace.linestyle,
+                    label=trace.label, zorder=4)
+            ax.plot(trace.smooth_x[-1:], trace.smooth_y[-1:], "o", color=trace.color, markersize=3, zorder=5)
+        elif trace.label and trace.raw_x is not None and len(trace.raw_x):
+            ax.plot([], [], color=trace.color, linestyle=trace.linestyle, label=trace.label)
+        if trace.nonfinite_x is not None and len(trace.nonfinite_x):
+            ax.plot(trace.nonfinite_x, np.full(len(trace.nonfinite_x), 0.015), "|", color=WARNING_RED,
+                    markersize=6, transform=ax.get_xaxis_transform(), zorder=6, clip_on=False)
+
+    if limits is not None:
+        ax.set_ylim(*limits)
+    if spec.legend and any(t.label for t in spec.traces):
+        ax.legend(fontsize=7, frameon=False, loc="best", handlelength=1.8)
+
+    y = 0.985
+    if spec.title:
+        fig.text(0.012, y, spec.title, fontsize=9, color="#222222", va="top", weight="bold")
+        y -= 0.075
+    for text in spec.warnings:
+        fig.text(0.012, y, "\u26a0 " + text, fontsize=7.5, color="white", va="top", weight="bold",
+                 bbox={"boxstyle": "square,pad=0.25", "facecolor": WARNING_RED, "edgecolor": "none"})
+        y -= 0.085
+    if spec.notes:
+        ax.text(0.005, 1.01, "  \u00b7  ".join(spec.notes), transform=ax.transAxes, fontsize=6.5,
+                color="#777777", va="bottom", ha="left")
+
+    buf = io.BytesIO()
+    if fmt == "png":
+        fig.savefig(buf, format="png", metadata={"Software": None})
+    else:
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    return buf.getvalue()

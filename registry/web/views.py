@@ -1,0 +1,300 @@
+"""Pages: the runs table, a run's dashboard, and the comparison of several runs."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from flask import Blueprint, render_template, request, url_for
+
+from ..dictionary import healthy_range_for
+from ..errors import FilterSyntaxError, InputError
+from ..filters import ORDERABLE
+from ..models import RUN_STATUSES, VERDICTS
+from ..semantics import LAYERS, QUANTITIES
+from . import get_registry, panels, queries
+from .curves import (
+    MAX_COMPARE_RUNS,
+    NORMALIZATION_LABELS,
+    CompareOptions,
+    SmoothOptions,
+    build_units,
+    compare_metrics,
+    describe_semantics,
+    hyperparameter_diff,
+)
+from .smoothing import METHOD_LABELS, describe
+
+bp = Blueprint("ui", __name__)
+
+MAX_PAGE_SIZE = 500
+KEY_PARAM_HINTS = (
+    "learning_rate", "lr", "actor_lr", "kl_coef", "kl_loss_coef", "init_kl_coef", "beta", "clip_range",
+    "clip_ratio", "cliprange", "ent_coef", "entropy_coeff", "batch_size", "train_batch_size", "n_steps",
+    "n_epochs", "ppo_epochs", "rollout_n", "n", "num_generations", "gamma", "gae_lambda", "seed",
+)
+SORT_COLUMNS = ("name", "project", "algorithm", "framework", "task", "verdict", "status", "created_at")
+
+
+def _page_args() -> tuple[int, int]:
+    from flask import current_app
+
+    default_size = int(current_app.config.get("RUNS_PAGE_SIZE", 50))
+    try:
+        page = max(1, int(request.args.get("page", 1)))
+        size = max(1, min(MAX_PAGE_SIZE, int(request.args.get("size", default_size))))
+    except ValueError:
+        raise InputError("page and size must be whole numbers") from None
+    return page, size
+
+
+def _csv_arg(name: str) -> list[str] | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def pick_param_columns(rows: Sequence[Mapping[str, Any]], limit: int = 5) -> list[str]:
+    """Hyperparameters worth a column: those that vary on this page, well-known ones first."""
+    counts = Counter(k for r in rows for k in r["params"])
+    if not counts:
+        return []
+
+    def varies(key: str) -> bool:
+        return len({repr(r["params"].get(key, "<missing>")) for r in rows}) > 1
+
+    def hint(key: str) -> int:
+        last = key.rsplit(".", 1)[-1].lower()
+        return KEY_PARAM_HINTS.index(last) if last in KEY_PARAM_HINTS else len(KEY_PARAM_HINTS)
+
+    ranked = sorted(counts, key=lambda k: (not varies(k), hint(k), -counts[k], k))
+    chosen = [k for k in ranked if varies(k) or hint(k) < len(KEY_PARAM_HINTS)]
+    return chosen[:limit]
+
+
+def pick_metric_columns(last: Mapping[str, Mapping[str, Any]], defs: Mapping[str, Mapping[str, Any]],
+                        limit: int = 5) -> list[str]:
+    """The metrics most runs on the page have: a reward/return, a KL, the entropy, the clip fraction."""
+    counts = Counter(name for per in last.values() for name in per)
+    wanted = ((("reward", "return"), 2), (("kl",), 2), (("entropy",), 1), (("clip_fraction",), 1))
+    chosen: list[str] = []
+    for quantities, most in wanted:
+        pool = [n for n in counts if (defs.get(n) or {}).get("quantity") in quantities and n not in chosen]
+        if quantities[0] == "reward":
+            pool = [n for n in pool if (defs.get(n) or {}).get("layer") == "objective"] or pool
+        picked: list[str] = []
+        # Greedy cover: the most common one, then one for the runs that lack it (SB3 and verl on one page).
+        while pool and len(picked) < most:
+            uncovered = [per for per in last.values() if not any(n in per for n in picked)]
+            if not uncovered:
+                break
+            best = max(pool, key=lambda n: (sum(n in per for per in uncovered), n.endswith("_mean"), -len(n)))
+            if not any(best in per for per in uncovered):
+                break
+            picked.append(best)
+            pool.remove(best)
+        chosen += picked
+    return chosen[:limit]
+
+
+def health(value: float | None, definition: Mapping[str, Any] | None, task: str | None) -> str | None:
+    """``ok`` / ``low`` / ``high`` against the healthy range, None when there is no range or value."""
+    if value is None or definition is None or not math.isfinite(value):
+        return None
+    low, high = healthy_range_for(definition, task)
+    if low is None and high is None:
+        return None
+    if low is not None and value < low:
+        return "low"
+    if high is not None and value > high:
+        return "high"
+    return "ok"
+
+
+@bp.get("/")
+@bp.get("/runs")
+def runs():
+    """The runs table: filter expression, quick filters, sortable columns, pagination, selection."""
+    reg = get_registry()
+    q = (request.args.get("q") or "").strip()
+    quick = {f: (request.args.get(f) or "").strip() or None for f in ("project", "verdict", "status", "tag")}
+    order = request.args.get("order") or "-created_at"
+    page, size = _page_args()
+    error = None
+    status_code = 200
+    rows: list[dict[str, Any]] = []
+    total = 0
+    try:
+        rows, total = reg.list_runs(where=q or None, order_by=order, limit=size, offset=(page - 1) * size, **quick)
+    except FilterSyntaxError as exc:
+        error, status_code = str(exc), 400
+    except InputError as exc:
+        error, status_code = str(exc), 400
+    ids = [r["id"] for r in rows]
+    last = queries.last_values(reg, ids)
+    defs = queries.definition_summaries(reg)
+    metric_cols = _csv_arg("metrics")
+    if metric_cols is None:
+        metric_cols = pick_metric_columns(last, defs)
+    param_cols = _csv_arg("params")
+    if param_cols is None:
+        param_cols = pick_param_columns(rows)
+    for r in rows:
+        per = last.get(r["id"], {})
+        r["metric_cells"] = []
+        for name in metric_cols:
+            cell = per.get(name)
+            value = cell["value"] if cell else None
+            r["metric_cells"].append({"value": value, "health": health(value, defs.get(name), r.get("task"))})
+    pages = max(1, math.ceil(total / size))
+    return render_template(
+        "runs.html", rows=rows, total=total, page=page, pages=pages, size=size, q=q, quick=quick, order=order,
+        error=error, metric_cols=metric_cols, param_cols=param_cols, defs=defs,
+        projects=queries.distinct_values(reg, "project"), verdicts=VERDICTS, statuses=RUN_STATUSES,
+        sort_columns=SORT_COLUMNS, orderable=set(ORDERABLE), first=(page - 1) * size + 1 if total else 0,
+        last_index=min(total, page * size), metric_names=sorted(defs),
+    ), status_code
+
+
+def _quantity_rank(definition: Mapping[str, Any] | None) -> int:
+    q = (definition or {}).get("quantity")
+    return QUANTITIES.index(q) if q in QUANTITIES else len(QUANTITIES)
+
+
+def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Mapping[str, Any] | None,
+              opts: SmoothOptions) -> dict[str, Any]:
+    """Everything a dashboard plot card shows about one series."""
+    sign = series.get("sign") or 1.0
+    last = series.get("last")
+    value = None if last is None else last * sign
+    semantics = series.get("semantics") or {}
+    caption = describe_semantics(semantics) if definition else "unmapped: raw values as logged"
+    window = opts.window_for(definition)
+    low, high = healthy_range_for(definition, run.get("task")) if definition else (None, None)
+    params = {"key": series["key"], **opts.query()}
+    sem_title = "; ".join(
+        f"{label}: {semantics.get(f) or 'unspecified'}" for f, label in (
+            ("quantity", "quantity"), ("kl_estimator", "KL estimator"), ("averaging", "averaging"),
+            ("normalization_axis", "normalization axis"), ("logging_point", "logging point"))
+    ) if definition else "no definition: this key is not in the metric dictionary"
+    return {
+        "key": series["key"],
+        "name": series.get("definition"),
+        "title": (definition or {}).get("display_name") or series["key"],
+        "definition": definition,
+        "semantics": semantics,
+        "caption": caption,
+        "tooltip": sem_title + f"; smoothing: {describe(opts.method, window)}"
+                   + (f"; canonical = raw x {sign:g}" if sign != 1.0 else ""),
+        "sign": sign,
+        "value": value,
+        "count": series.get("count"),
+        "nonfinite": (series.get("nan_count") or 0) + (series.get("inf_count") or 0),
+        "last_step": series.get("last_step"),
+        "healthy": (low, high),
+        "health": health(value, definition, run.get("task")),
+        "img": url_for("plots.run_plot", ref=run["id"]) + "?" + _q(params),
+        "svg": url_for("plots.run_plot", ref=run["id"]) + "?" + _q({**params, "format": "svg"}),
+        "csv": url_for("plots.run_data", ref=run["id"], fmt="csv") + "?" + _q(params),
+        "json": url_for("plots.run_data", ref=run["id"], fmt="json") + "?" + _q(params),
+        "window": window,
+        "overridden": sorted((series.get("overrides") or {}).keys()),
+        "alias_framework": series.get("alias_framework"),
+    }
+
+
+def _q(params: Mapping[str, Any]) -> str:
+    from urllib.parse import urlencode
+
+    items = []
+    for k, v in params.items():
+        if isinstance(v, (list, tuple)):
+            items += [(k, x) for x in v]
+        elif v is not None and v != "":
+            items.append((k, v))
+    return urlencode(items)
+
+
+@bp.get("/runs/<ref>")
+def run_dashboard(ref: str):
+    """A run's dashboard: objective, constraint, diagnostic layers; hyperparameters; outcome."""
+    reg = get_registry()
+    run = reg.run_detail(ref)
+    opts = SmoothOptions.from_args(request.args)
+    names = sorted({s["definition"] for s in run["series"] if s.get("definition")})
+    defs = queries.definition_summaries(reg, names)
+    layers: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
+    unmapped = []
+    for s in run["series"]:
+        definition = defs.get(s["definition"]) if s.get("definition") else None
+        card = plot_card(run, s, definition, opts)
+        if definition is None:
+            unmapped.append(card)
+        else:
+            layers.setdefault(definition["layer"], []).append(card)
+    for cards in layers.values():
+        cards.sort(key=lambda c: (_quantity_rank(c["definition"]), c["name"] or "", c["key"]))
+    unmapped.sort(key=lambda c: c["key"])
+    flagged = [c for cards in layers.values() for c in cards if c["health"] in ("low", "high")]
+    in_range = sum(1 for cards in layers.values() for c in cards if c["health"] == "ok")
+    nonfinite = [c for cards in (*layers.values(), unmapped) for c in cards if c["nonfinite"]]
+    return render_template(
+        "run.html", run=run, layers=layers, unmapped=unmapped, opts=opts, flagged=flagged, in_range=in_range,
+        nonfinite=nonfinite, methods=METHOD_LABELS,
+        diagnosis=panels.diagnosis_panel(reg, run), similar=panels.similar_panel(reg, run),
+        compare_with=[run["id"]],
+    )
+
+
+def _selected_runs() -> list[str]:
+    ids: list[str] = []
+    for value in request.args.getlist("run"):
+        ids += [p.strip() for p in value.split(",") if p.strip()]
+    return list(dict.fromkeys(ids))
+
+
+@bp.get("/compare")
+def compare():
+    """Several runs overlaid per canonical metric, with semantic checks and a hyperparameter diff."""
+    reg = get_registry()
+    refs = _selected_runs()
+    if len(refs) > MAX_COMPARE_RUNS:
+        raise InputError(f"compare at most {MAX_COMPARE_RUNS} runs at once; {len(refs)} were selected")
+    copts = CompareOptions.from_args(request.args)
+    sopts = SmoothOptions.from_args(request.args)
+    details = [reg.run_detail(r) for r in refs]
+    details = list({d["id"]: d for d in details}.values())
+    names = sorted({s["definition"] for d in details for s in d["series"] if s.get("definition")})
+    defs = queries.definition_summaries(reg, names)
+    units = build_units(details, copts.group)
+    unit_of = {r["id"]: u for u in units for r in u.runs}
+    comps = compare_metrics(details, defs)
+    run_ids = [d["id"] for d in details]
+    base = {"run": run_ids, **copts.query(), **sopts.query()}
+    sections: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
+    for comp in comps:
+        params = {**base, "metric": comp.name}
+        plots = [{"label": "as logged", "img": url_for("plots.compare_plot") + "?" + _q(params),
+                  "svg": url_for("plots.compare_plot") + "?" + _q({**params, "format": "svg"}),
+                  "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(params),
+                  "json": url_for("plots.compare_data", fmt="json") + "?" + _q(params)}]
+        if comp.normalizable:
+            nparams = {**params, "normalized": "1"}
+            plots.append({"label": f"normalized ({NORMALIZATION_LABELS[copts.norm]})",
+                          "img": url_for("plots.compare_plot") + "?" + _q(nparams),
+                          "svg": url_for("plots.compare_plot") + "?" + _q({**nparams, "format": "svg"}),
+                          "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(nparams),
+                          "json": url_for("plots.compare_data", fmt="json") + "?" + _q(nparams)})
+        sections.setdefault(comp.layer, []).append({
+            "comp": comp, "plots": plots, "definition": comp.definition,
+            "semantics": [(describe_semantics(sem_members[0].series.get("semantics")),
+                           [m.run["name"] for m in sem_members]) for _, sem_members in comp.semantic_groups],
+        })
+    diff_rows, same_keys = hyperparameter_diff(details) if len(details) > 1 else ([], [])
+    warnings = [(c.name, w) for c in comps for w in c.warnings]
+    return render_template(
+        "compare.html", runs=details, units=units, unit_of=unit_of, sections=sections, copts=copts, sopts=sopts,
+        diff_rows=diff_rows, same_keys=same_keys, warnings=warnings, methods=METHOD_LABELS,
+        normalizations=NORMALIZATION_LABELS, run_ids=run_ids,
+    )
