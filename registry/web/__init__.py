@@ -54,6 +54,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
     registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"))
     app.extensions["rlregistry"] = registry
+    from .queries import RefMemo
+
+    app.extensions["rlregistry.refs"] = RefMemo(ttl=float(app.config.get("PLOT_REF_TTL", 2.0)))
     app.extensions["rlregistry.plot_cache"] = PlotCache(
         max_bytes=app.config["PLOT_CACHE_MAX_BYTES"], directory=app.config.get("PLOT_CACHE_DIR"))
 

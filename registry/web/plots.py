@@ -12,7 +12,7 @@ import io
 from typing import Any, Callable
 
 import numpy as np
-from flask import Blueprint, Response, abort, request
+from flask import Blueprint, Response, abort, current_app, request
 
 from ..errors import InputError, NotFoundError
 from . import get_plot_cache, get_registry, queries
@@ -83,7 +83,7 @@ def run_plot(ref: str) -> Response:
     opts = SmoothOptions.from_args(request.args)
     fmt = _format()
     reg = get_registry()
-    sref = queries.series_ref(reg, ref, key)
+    sref = current_app.extensions["rlregistry.refs"].get(ref, key) or queries.series_ref(reg, ref, key)
 
     def make() -> bytes:
         data = reg.read_series(sref.run_id, sref.key)

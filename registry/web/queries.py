@@ -220,3 +220,58 @@ def definition_summaries(registry: Registry, names: Sequence[str] | None = None)
                 "version": d.version,
             }
         return out
+
+
+class RefMemo:
+    """Series lookups the dashboard just made, kept for a couple of seconds.
+
+    A dashboard page resolves every series it shows (run ``data_version``, definition
+    version) and puts the results here; the image requests that follow within ``ttl``
+    seconds build their cache keys from these instead of asking the database again. A
+    plot is therefore at most ``ttl`` seconds behind the page that linked it.
+    """
+
+    def __init__(self, ttl: float = 2.0, max_entries: int = 4096):
+        import threading
+
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: dict[tuple[str, str], tuple[float, SeriesRef]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, refs: Sequence[SeriesRef]) -> None:
+        import time
+
+        if self.ttl <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if len(self._entries) + len(refs) > self.max_entries:
+                self._entries = {k: v for k, v in self._entries.items() if now - v[0] < self.ttl}
+                if len(self._entries) + len(refs) > self.max_entries:
+                    self._entries.clear()
+            for ref in refs:
+                self._entries[(ref.run_id, ref.key)] = (now, ref)
+
+    def get(self, run_id: str, key: str) -> SeriesRef | None:
+        import time
+
+        with self._lock:
+            hit = self._entries.get((run_id, key))
+        if hit is None or time.monotonic() - hit[0] >= self.ttl:
+            return None
+        return hit[1]
+
+
+def refs_from_detail(run: dict[str, Any], defs: dict[str, dict[str, Any]]) -> list[SeriesRef]:
+    """SeriesRefs for every series of a ``run_detail`` dict, with the current definitions in ``defs``."""
+    out = []
+    for s in run.get("series") or []:
+        d = defs.get(s.get("definition")) if s.get("definition") else None
+        out.append(SeriesRef(
+            run_id=run["id"], run_name=run["name"], data_version=run["data_version"], task=run.get("task"),
+            key=s["key"], sign=s.get("sign") or 1.0, semantics=dict(s.get("semantics") or {}),
+            count=s.get("count") or 0, definition_name=d["name"] if d else None,
+            definition_version=d["version"] if d else None, _definition=d,
+        ))
+    return out

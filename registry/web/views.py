@@ -5,7 +5,7 @@ import math
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from flask import Blueprint, render_template, request, url_for
+from flask import Blueprint, current_app, render_template, request, url_for
 
 from ..dictionary import healthy_range_for
 from ..errors import FilterSyntaxError, InputError
@@ -224,6 +224,7 @@ def run_dashboard(ref: str):
     opts = SmoothOptions.from_args(request.args)
     names = sorted({s["definition"] for s in run["series"] if s.get("definition")})
     defs = queries.definition_summaries(reg, names)
+    current_app.extensions["rlregistry.refs"].put(queries.refs_from_detail(run, defs))
     layers: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
     unmapped = []
     for s in run["series"]:
