@@ -108,11 +108,11 @@ def test_runs_page_columns_checkboxes_and_health(client, ids):
     assert page.count('class="run-select"') == 3
     assert f'value="{ids["sb3-s0"]}"' in page
     assert 'action="/compare"' in page
-    assert ">learning_rate</th>" in page and ">n_steps</th>" in page  # hyperparameters that vary
-    assert "Episode return" in page  # a reward column, chosen automatically
+    assert ">learning_<wbr>rate</th>" in page and ">n_<wbr>steps</th>" in page  # hyperparameters that vary
+    assert ">episode return mean</a>" in page  # a reward column, chosen automatically
     chosen = text(client.get("/runs", query_string={"metrics": "entropy", "params": "gamma"}))
-    assert ">gamma</th>" in chosen and ">learning_rate</th>" not in chosen
-    assert 'title="last value of entropy"' in chosen
+    assert ">gamma</th>" in chosen and ">learning_<wbr>rate</th>" not in chosen
+    assert 'title="last value of entropy: Policy entropy"' in chosen
     assert "0.99" in chosen
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 from flask import Flask, current_app, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
+from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
 from config import Config, secret_key
@@ -133,6 +134,12 @@ def show_value(value: Any) -> str:
     return format_number(value, 6) if isinstance(value, (int, float)) else str(value)
 
 
+def breakable(text: str) -> Markup:
+    """Escaped text that may wrap after underscores and dots (long hyperparameter names in headers)."""
+    out = Markup.escape(text)
+    return out.replace("_", Markup("_<wbr>")).replace(".", Markup(".<wbr>"))
+
+
 def modify_query(**changes: Any) -> str:
     """The current URL with some query parameters replaced (None removes one); lists repeat a key."""
     args = request.args.to_dict(flat=False)
@@ -150,6 +157,7 @@ def modify_query(**changes: Any) -> str:
 def _register_template_helpers(app: Flask) -> None:
     app.jinja_env.filters["num"] = format_number
     app.jinja_env.filters["show"] = show_value
+    app.jinja_env.filters["breakable"] = breakable
     app.jinja_env.globals["modify_query"] = modify_query
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True

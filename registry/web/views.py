@@ -55,7 +55,7 @@ def _csv_arg(name: str) -> list[str] | None:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
-def pick_param_columns(rows: Sequence[Mapping[str, Any]], limit: int = 5) -> list[str]:
+def pick_param_columns(rows: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
     """Hyperparameters worth a column: those that vary on this page, well-known ones first."""
     counts = Counter(k for r in rows for k in r["params"])
     if not counts:
@@ -74,7 +74,7 @@ def pick_param_columns(rows: Sequence[Mapping[str, Any]], limit: int = 5) -> lis
 
 
 def pick_metric_columns(last: Mapping[str, Mapping[str, Any]], defs: Mapping[str, Mapping[str, Any]],
-                        limit: int = 5) -> list[str]:
+                        limit: int = 4) -> list[str]:
     """The metrics most runs on the page have: a reward/return, a KL, the entropy, the clip fraction."""
     counts = Counter(name for per in last.values() for name in per)
     wanted = ((("reward", "return"), 2), (("kl",), 2), (("entropy",), 1), (("clip_fraction",), 1))
@@ -122,6 +122,7 @@ def runs():
     order = request.args.get("order") or "-created_at"
     page, size = _page_args()
     error = None
+    error_column = None
     status_code = 200
     rows: list[dict[str, Any]] = []
     total = 0
@@ -129,6 +130,8 @@ def runs():
         rows, total = reg.list_runs(where=q or None, order_by=order, limit=size, offset=(page - 1) * size, **quick)
     except FilterSyntaxError as exc:
         error, status_code = str(exc), 400
+        if exc.column and exc.expression == q and 0 < exc.column <= len(q) + 1:
+            error_column = exc.column
     except InputError as exc:
         error, status_code = str(exc), 400
     ids = [r["id"] for r in rows]
@@ -150,7 +153,7 @@ def runs():
     pages = max(1, math.ceil(total / size))
     return render_template(
         "runs.html", rows=rows, total=total, page=page, pages=pages, size=size, q=q, quick=quick, order=order,
-        error=error, metric_cols=metric_cols, param_cols=param_cols, defs=defs,
+        error=error, error_column=error_column, metric_cols=metric_cols, param_cols=param_cols, defs=defs,
         projects=queries.distinct_values(reg, "project"), verdicts=VERDICTS, statuses=RUN_STATUSES,
         sort_columns=SORT_COLUMNS, orderable=set(ORDERABLE), first=(page - 1) * size + 1 if total else 0,
         last_index=min(total, page * size), metric_names=sorted(defs),
