@@ -265,3 +265,47 @@ class HealthBaseline(Base):
     source_runs: Mapped[list[str]] = mapped_column(JSON, default=list)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_by: Mapped[str] = mapped_column(String(200), default="system")
+
+
+class CurveEmbedding(Base):
+    """Similarity features of one canonical metric of one run (see ``registry.similarity``).
+
+    ``version`` names the preprocessing (``features.EMBEDDING_VERSION``): a query only ever
+    compares rows of one version. Rows are replaced (delete + insert), never updated, so the
+    autoincrement ``id`` only grows and ``(max(id), count)`` identifies the table's state
+    for the per-process cache. On a PostgreSQL server with pgvector the migration adds
+    ``v010 v025 v050 v100 vector(32)`` columns (one per level) with HNSW indexes; they are
+    written by ``registry.similarity.index`` and are not mapped here.
+    """
+
+    __tablename__ = "curve_embeddings"
+    __table_args__ = (
+        UniqueConstraint("run_id", "metric", "version", name="uq_curve_embeddings_run_metric_version"),
+        Index("ix_curve_embeddings_version_id", "version", "id"),
+        Index("ix_curve_embeddings_version_metric", "version", "metric", "semantics_key"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    version: Mapped[str] = mapped_column(String(100))
+    metric: Mapped[str] = mapped_column(String(100))  # canonical name
+    series_id: Mapped[int | None] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"))
+    # Effective semantics of the series; the key holds the fields that must agree to compare.
+    semantics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    semantics_key: Mapped[str] = mapped_column(String(200), default="")
+    point_count: Mapped[int] = mapped_column(Integer)
+    complete: Mapped[bool] = mapped_column(Boolean, default=False)  # computed after the run ended
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    # Level scalars of the whole-run grid (prefix levels are in ``level_stats``).
+    flat: Mapped[bool] = mapped_column(Boolean, default=False)
+    mean: Mapped[float] = mapped_column(Float)
+    std: Mapped[float] = mapped_column(Float)
+    final: Mapped[float] = mapped_column(Float)
+    max: Mapped[float] = mapped_column(Float)
+    argmax: Mapped[float] = mapped_column(Float)  # fraction of the run where the grid peaks
+    level_stats: Mapped[bytes] = mapped_column(LargeBinary)  # float64 (levels, stats)
+    paa: Mapped[bytes] = mapped_column(LargeBinary)          # float32 (levels, 32)
+    grid: Mapped[bytes] = mapped_column(LargeBinary)         # float16 (levels, 128) z-normalised
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

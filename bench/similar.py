@@ -1,0 +1,281 @@
+"""Similar-run search benchmark: fidelity and latency at 1k/10k/100k runs, retrieval quality.
+
+Part 1, per corpus size N (``--sizes``, default 1000,10000; 100000 takes about 10 minutes
+on 2 cores): a corpus of N synthetic PPO runs from ``registry.synthetic.generate_run``
+(every PPO kind: healthy and 12 anomaly families; 200-20,000 logged points, step strides
+1/128/2048; CartPole-, Pendulum- and Acrobot-like tasks) x 3 metrics (episode return, KL,
+entropy). Corpus runs are written in bulk: a ``runs`` row and the ``curve_embeddings``
+rows computed from the full-resolution curves, with the same semantics a registration
+binds; their raw series are *not* stored (the engine never reads them). The query runs
+(``--queries``, default 60, held out: other seeds) are registered through the real API,
+series and all. For each query it runs ``find_similar`` (k=10) and ``brute_force``
+(banded DTW_D against every run, dtaidistance C, grids in memory) and prints recall@10
+of the engine against brute force, the engine's end-to-end latency p50/p95, and the
+speedup of the search itself (candidate stage + rerank, ``timings.search_ms``) over the
+brute-force search, plus the end-to-end ratio.
+
+Part 2, quality on labeled runs: the 4 real SB3 PPO runs (shared/data/sb3_ppo) plus
+labeled synthetic PPO runs of four families (healthy, entropy_collapse and kl_blowup as
+"collapse", stagnant), registered with SB3 keys so they bind like the real ones.
+precision@5: share of each run's 5 nearest neighbours with its family. Outcome prediction:
+from each synthetic run's first 25%, the majority verdict of its 10 nearest (matched on
+their first 25%) against the run's final verdict, next to always guessing the most common
+verdict.
+
+Targets (exit status 1 when one is missed): at 10,000 runs recall@10 >= 0.95, p50 < 50 ms
+(SQLite), search speedup >= 100x; precision@5 above the share of the largest family; the
+prefix prediction beats the majority-verdict baseline.
+
+    .venv/bin/python bench/similar.py [--sizes 1000,10000,100000] [--queries 60] [--procs 2]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from registry import Registry  # noqa: E402
+from registry.binding import AliasIndex  # noqa: E402
+from registry.models import Run  # noqa: E402
+from registry.similarity import brute_force, find_similar, refresh_embeddings  # noqa: E402
+from registry.similarity import features as F  # noqa: E402
+from registry.similarity import index as X  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SB3_RUNS = REPO.parent / "shared" / "data" / "sb3_ppo"
+METRICS = ("episode_return_mean", "kl_old_mean", "entropy")
+PPO_KINDS = ("healthy", "kl_blowup", "entropy_collapse", "reward_std_zero", "value_loss_flat", "grad_norm_spikes",
+             "reward_zero", "nan", "clip_high", "clip_low", "policy_loss_growing", "advantage_mean_drift", "stagnant")
+FAMILIES = {"healthy": "healthy", "entropy_collapse": "collapse", "kl_blowup": "collapse", "stagnant": "stagnant"}
+SB3_LABELS = {"cartpole_healthy_s0": "healthy", "cartpole_lr_too_high_5e-2": "collapse",
+              "cartpole_tiny_lr_1e-6": "stagnant", "pendulum_default_s0": "stagnant"}
+SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": ("train/approx_kl", 1.0),
+            "entropy": ("train/entropy_loss", -1.0)}
+
+
+def _fast_synthetic() -> None:
+    """generate_run re-reads the dictionary YAML on every call (~0.5 s); cache it for the corpus."""
+    import registry.diagnosis.fixtures as fx
+
+    if not hasattr(fx.default_metric_infos, "cache_info"):
+        fx.default_metric_infos = functools.lru_cache()(fx.default_metric_infos)
+
+
+def _generate(kind: str, seed: int):
+    from registry.synthetic import generate_run
+
+    return generate_run(kind, seed=seed, algorithm="ppo")
+
+
+# --- corpus -------------------------------------------------------------------------------
+
+def _corpus_chunk(args: tuple[int, int, int]) -> list[tuple[dict, list[dict]]]:
+    start, stop, base_seed = args
+    _fast_synthetic()
+    out = []
+    for i in range(start, stop):
+        kind = PPO_KINDS[i % len(PPO_KINDS)]
+        r = _generate(kind, base_seed + i)
+        run_id = uuid.UUID(int=(base_seed << 64) + i).hex
+        run = {"id": run_id, "name": f"{kind}-{i}", "project": "bench", "algorithm": "PPO", "framework": "custom",
+               "task": r.task, "status": "finished", "verdict": r.outcome.verdict}
+        rows = []
+        for m in METRICS:
+            c = r.curves[m]
+            feats = F.compute_features(c.steps, c.values)
+            if feats is not None:
+                rows.append((m, feats))
+        out.append((run, rows))
+    return out
+
+
+def build_corpus(reg: Registry, n: int, procs: int, base_seed: int = 1) -> float:
+    """Bulk-load n runs; returns seconds taken."""
+    t0 = time.perf_counter()
+    with reg.read() as s:
+        index = AliasIndex.load(s)
+    semantics = {m: index.bind(m).semantics for m in METRICS}
+    chunk = 500
+    tasks = [(a, min(a + chunk, n), base_seed) for a in range(0, n, chunk)]
+    vectors = X.has_vector_columns(reg.engine)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(procs) as pool:
+        for part in pool.imap_unordered(_corpus_chunk, tasks):
+            with reg.engine.begin() as conn:
+                conn.execute(Run.__table__.insert(), [run for run, _ in part])
+                rows = [X.feature_row(run["id"], m, feats, semantics=semantics[m], series_id=None, complete=True)
+                        for run, feats_list in part for m, feats in feats_list]
+                X.insert_rows(conn, rows, vectors)
+    return time.perf_counter() - t0
+
+
+def register_queries(reg: Registry, n: int, seed0: int) -> list[str]:
+    _fast_synthetic()
+    ids = []
+    for i in range(n):
+        kind = PPO_KINDS[i % len(PPO_KINDS)]
+        r = _generate(kind, seed0 + i)
+        res = reg.register_arrays(f"query-{kind}-{i}", {m: (r.curves[m].steps, r.curves[m].values) for m in METRICS},
+                                  project="bench", algorithm="PPO", framework="custom", task=r.task, params=r.params,
+                                  outcome={"verdict": r.outcome.verdict})
+        with reg.transaction() as s:
+            refresh_embeddings(s, res.run_id)
+        ids.append(res.run_id)
+    return ids
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
+    reg = Registry(url)
+    load_s = build_corpus(reg, n, args.procs)
+    queries = register_queries(reg, args.queries, seed0=10_000_000)
+    t = time.perf_counter()
+    find_similar(reg, queries[0], k=10)  # fills the per-process cache
+    cache_s = time.perf_counter() - t
+    recalls, totals, searches, brute_searches, brute_totals, dtws, cands = [], [], [], [], [], [], []
+    for q in queries:
+        res = find_similar(reg, q, k=10)
+        truth = brute_force(reg, q, k=10)
+        got = {x.run_id for x in res.neighbours}
+        want = {x.run_id for x in truth.neighbours}
+        recalls.append(len(got & want) / max(1, len(want)))
+        totals.append(res.timings["total_ms"])
+        searches.append(res.timings["search_ms"])
+        brute_searches.append(truth.timings["search_ms"])
+        brute_totals.append(truth.timings["total_ms"])
+        dtws.append(res.stats["dtw_computed"])
+        cands.append(res.stats["candidates"])
+    engine = res.engine
+    reg.close()
+    return {
+        "n": n, "load_s": load_s, "cache_s": cache_s, "recall": float(np.mean(recalls)),
+        "min_recall": float(np.min(recalls)), "p50": pct(totals, 50), "p95": pct(totals, 95),
+        "search_p50": pct(searches, 50), "brute_p50": pct(brute_searches, 50),
+        "speedup": statistics.median(brute_searches) / statistics.median(searches),
+        "speedup_total": statistics.median(brute_totals) / statistics.median(totals),
+        "candidates": int(np.median(cands)), "dtw": int(np.median(dtws)), "engine": engine,
+    }
+
+
+# --- quality ------------------------------------------------------------------------------
+
+def bench_quality(url: str, per_family_kind: int) -> dict:
+    _fast_synthetic()
+    reg = Registry(url)
+    labels: dict[str, str] = {}
+    verdicts: dict[str, str] = {}
+    synthetic: list[str] = []
+    if SB3_RUNS.is_dir():
+        for d in sorted(SB3_RUNS.iterdir()):
+            if d.name in SB3_LABELS:
+                res = reg.register(d, name=d.name, project="sb3", algorithm="PPO", framework="stable-baselines3")
+                with reg.transaction() as s:
+                    refresh_embeddings(s, res.run_id)
+                labels[res.run_id] = SB3_LABELS[d.name]
+    for kind in FAMILIES:
+        for seed in range(per_family_kind):
+            r = _generate(kind, 500_000 + seed)
+            data = {key: (r.curves[m].steps, sign * r.curves[m].values) for m, (key, sign) in SB3_KEYS.items()}
+            res = reg.register_arrays(f"{kind}-{seed}", data, project="labeled", algorithm="PPO",
+                                      framework="stable-baselines3", task=r.task, params=r.params,
+                                      outcome={"verdict": r.outcome.verdict})
+            with reg.transaction() as s:
+                refresh_embeddings(s, res.run_id)
+            labels[res.run_id] = FAMILIES[kind]
+            verdicts[res.run_id] = r.outcome.verdict
+            synthetic.append(res.run_id)
+    precisions, real_hits = [], {}
+    for rid, label in labels.items():
+        res = find_similar(reg, rid, k=5)
+        share = [labels.get(nb.run_id) == label for nb in res.neighbours]
+        precisions.append(float(np.mean(share)) if share else 0.0)
+        if rid not in verdicts:
+            real_hits[res.query["name"]] = (label, [labels.get(nb.run_id) for nb in res.neighbours][:1])
+    biggest = max(Counter(labels.values()).values()) / len(labels)
+    most_common = Counter(verdicts.values()).most_common(1)[0][0]
+    hits, base = [], []
+    for rid in synthetic:
+        res = find_similar(reg, rid, k=10, prefix=0.25, where="project=labeled")
+        hits.append(res.predicted_verdict == verdicts[rid])
+        base.append(most_common == verdicts[rid])
+    reg.close()
+    return {"precision5": float(np.mean(precisions)), "chance": biggest, "runs": len(labels),
+            "prefix_acc": float(np.mean(hits)), "baseline_acc": float(np.mean(base)), "baseline_verdict": most_common,
+            "verdicts": dict(Counter(verdicts.values())), "real_nearest": real_hits}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1000,10000", help="corpus sizes, comma-separated (e.g. 1000,10000,100000)")
+    ap.add_argument("--queries", type=int, default=60, help="held-out query runs per size (>= 50)")
+    ap.add_argument("--procs", type=int, default=2, help="processes generating the corpus")
+    ap.add_argument("--per-kind", type=int, default=30, help="labeled synthetic runs per kind (quality part)")
+    ap.add_argument("--preload-grids", type=int, default=None,
+                    help=f"override index.GRID_PRELOAD_ROWS (default {X.GRID_PRELOAD_ROWS})")
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args()
+    if args.preload_grids is not None:
+        X.GRID_PRELOAD_ROWS = args.preload_grids
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    failures = []
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            url = f"sqlite:///{Path(tmp) / f'corpus{n}.db'}"
+            r = bench_size(n, args, url)
+            rows.append(r)
+            print(f"N={n:>7,}: load {r['load_s']:.0f}s, cache fill {r['cache_s'] * 1e3:.0f} ms, "
+                  f"recall@10 {r['recall']:.3f} (min {r['min_recall']:.1f}), p50 {r['p50']:.1f} ms, "
+                  f"p95 {r['p95']:.1f} ms, search p50 {r['search_p50']:.2f} ms vs brute {r['brute_p50']:.0f} ms "
+                  f"= {r['speedup']:.0f}x (end-to-end {r['speedup_total']:.0f}x), C={r['candidates']}, "
+                  f"DTWs {r['dtw']}, engine {r['engine']}", flush=True)
+            if n == 10_000:
+                if r["recall"] < 0.95:
+                    failures.append(f"recall@10 {r['recall']:.3f} < 0.95 at 10k")
+                if r["p50"] >= 50:
+                    failures.append(f"p50 {r['p50']:.1f} ms >= 50 ms at 10k")
+                if r["speedup"] < 100:
+                    failures.append(f"speedup {r['speedup']:.0f}x < 100x at 10k")
+        print()
+        print("| runs | recall@10 | p50 ms | p95 ms | search p50 ms | brute-force ms | speedup (search) | "
+              "speedup (end-to-end) | candidates | DTWs |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['n']:,} | {r['recall']:.3f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['search_p50']:.2f} | "
+                  f"{r['brute_p50']:.0f} | {r['speedup']:.0f}x | {r['speedup_total']:.0f}x | {r['candidates']} | "
+                  f"{r['dtw']} |")
+        if not args.skip_quality:
+            q = bench_quality(f"sqlite:///{Path(tmp) / 'quality.db'}", args.per_kind)
+            print()
+            print(f"quality on {q['runs']} labeled runs: precision@5 {q['precision5']:.3f} "
+                  f"(largest family share {q['chance']:.3f})")
+            print(f"outcome from a 25% prefix: neighbours' majority verdict {q['prefix_acc']:.3f} vs always "
+                  f"'{q['baseline_verdict']}' {q['baseline_acc']:.3f} (verdicts {q['verdicts']})")
+            for name, (label, nearest) in q["real_nearest"].items():
+                print(f"  real run {name} ({label}): nearest neighbour's family {nearest}")
+            if q["precision5"] <= q["chance"]:
+                failures.append("precision@5 not above the largest family's share")
+            if q["prefix_acc"] <= q["baseline_acc"]:
+                failures.append("prefix outcome prediction does not beat the majority baseline")
+    for f in failures:
+        print("MISSED:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""curve embeddings for similar-run search
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-12-02 15:00:00
+
+On PostgreSQL with the pgvector extension available (``pg_available_extensions``), also
+creates the extension and one ``vector(32)`` column per stored level with an HNSW index
+(m=16, ef_construction=64). Without it the table is the same as on SQLite and similarity
+search runs its candidate stage in NumPy. The DDL is frozen here; a server that gains
+pgvector later gets the columns from ``registry.similarity.index.ensure_vector_columns``
+(called by ``rebuild_embeddings``).
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0002'
+down_revision = '0001'
+branch_labels = None
+depends_on = None
+
+VECTOR_COLUMNS = ("v010", "v025", "v050", "v100")
+
+
+def upgrade() -> None:
+    op.create_table(
+        'curve_embeddings',
+        sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column('run_id', sa.String(length=32), nullable=False),
+        sa.Column('version', sa.String(length=100), nullable=False),
+        sa.Column('metric', sa.String(length=100), nullable=False),
+        sa.Column('series_id', sa.Integer(), nullable=True),
+        sa.Column('semantics', sa.JSON(), nullable=False),
+        sa.Column('semantics_key', sa.String(length=200), nullable=False),
+        sa.Column('point_count', sa.Integer(), nullable=False),
+        sa.Column('complete', sa.Boolean(), nullable=False),
+        sa.Column('first_step', sa.BigInteger(), nullable=False),
+        sa.Column('last_step', sa.BigInteger(), nullable=False),
+        sa.Column('flat', sa.Boolean(), nullable=False),
+        sa.Column('mean', sa.Float(), nullable=False),
+        sa.Column('std', sa.Float(), nullable=False),
+        sa.Column('final', sa.Float(), nullable=False),
+        sa.Column('max', sa.Float(), nullable=False),
+        sa.Column('argmax', sa.Float(), nullable=False),
+        sa.Column('level_stats', sa.LargeBinary(), nullable=False),
+        sa.Column('paa', sa.LargeBinary(), nullable=False),
+        sa.Column('grid', sa.LargeBinary(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(['run_id'], ['runs.id'], ondelete='CASCADE'),
+        sa.ForeignKeyConstraint(['series_id'], ['series.id'], ondelete='CASCADE'),
+        sa.PrimaryKeyConstraint('id'),
+        sa.UniqueConstraint('run_id', 'metric', 'version', name='uq_curve_embeddings_run_metric_version'),
+        sqlite_autoincrement=True,
+    )
+    with op.batch_alter_table('curve_embeddings', schema=None) as batch_op:
+        batch_op.create_index('ix_curve_embeddings_version_id', ['version', 'id'], unique=False)
+        batch_op.create_index('ix_curve_embeddings_version_metric', ['version', 'metric', 'semantics_key'],
+                              unique=False)
+
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        available = bind.execute(sa.text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")).scalar()
+        if available:
+            op.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            for col in VECTOR_COLUMNS:
+                op.execute(f"ALTER TABLE curve_embeddings ADD COLUMN {col} vector(32)")
+                op.execute(f"CREATE INDEX ix_curve_embeddings_{col}_hnsw ON curve_embeddings "
+                           f"USING hnsw ({col} vector_l2_ops) WITH (m = 16, ef_construction = 64)")
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('curve_embeddings', schema=None) as batch_op:
+        batch_op.drop_index('ix_curve_embeddings_version_metric')
+        batch_op.drop_index('ix_curve_embeddings_version_id')
+    op.drop_table('curve_embeddings')

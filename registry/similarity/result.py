@@ -1,0 +1,116 @@
+"""What a similar-run search returns: ranked neighbours with their hyperparameters and outcomes."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERDICT_VERBS = {
+    "success": "succeeded", "failed": "failed", "diverged": "diverged", "inconclusive": "were inconclusive",
+    None: "have no verdict",
+}
+VERDICT_VERBS_ONE = {
+    "success": "succeeded", "failed": "failed", "diverged": "diverged", "inconclusive": "was inconclusive",
+    None: "has no verdict",
+}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class Neighbour:
+    rank: int
+    run_id: str
+    name: str
+    project: str
+    task: str | None
+    algorithm: str | None
+    status: str
+    verdict: str | None
+    scores: dict[str, float]
+    params: dict[str, Any]
+    param_diff: dict[str, list[Any]]         # key -> [query value, this run's value]
+    distance: float                          # multi-metric banded DTW, RMS per grid point
+    metric_distances: dict[str, float | None]  # per metric (None: not compared)
+    metrics_compared: int
+    compared_steps: dict[str, list[int]]     # metric -> [first, last] step of the compared portion
+    peak_step: int | None                    # where this run's objective metric peaked (whole run)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimilarResult:
+    query: dict[str, Any]
+    metrics: list[str]
+    weights: dict[str, float]
+    k: int
+    engine: str
+    embedding_version: str
+    neighbours: list[Neighbour]
+    excluded: list[dict[str, Any]]           # groups: reason, metric, count, example runs
+    excluded_counts: dict[str, int]
+    warnings: list[str]
+    stats: dict[str, int]
+    timings: dict[str, float]
+    summary: str = ""
+    predicted_verdict: str | None = None
+    verdict_counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+    def __iter__(self):
+        return iter(self.neighbours)
+
+    def __len__(self) -> int:
+        return len(self.neighbours)
+
+
+def summarize(result: SimilarResult, objective: str | None) -> None:
+    """Fill in the verdict counts, the predicted verdict and the summary sentence."""
+    ns = result.neighbours
+    if not ns:
+        result.summary = "No comparable runs found."
+        return
+    counts = Counter(n.verdict for n in ns)
+    result.verdict_counts = {str(k): v for k, v in counts.most_common()}
+    known = [n.verdict for n in ns if n.verdict]
+    if known:
+        top = Counter(known).most_common()
+        best = top[0][1]
+        tied = {v for v, c in top if c == best}
+        # ties go to the verdict of the nearest run among the tied ones
+        result.predicted_verdict = next(n.verdict for n in ns if n.verdict in tied)
+    parts = []
+    for i, (verdict, count) in enumerate(counts.most_common()):
+        if i == 0:
+            verb = VERDICT_VERBS_ONE[verdict] if count == 1 else VERDICT_VERBS[verdict]
+            head = f"{count} of the {len(ns)} nearest run{'s' if len(ns) > 1 else ''}"
+            if result.query.get("portion_kind") == "prefix":
+                verb = {"succeeded": "went on to succeed", "failed": "ended failed", "diverged": "went on to diverge"}.get(verb, verb)
+            clause = f"{head} {verb}"
+            peaks = [n.peak_step for n in ns if n.verdict == verdict and n.peak_step is not None]
+            if verdict in ("diverged", "failed") and objective and peaks:
+                clause += f" (their {objective} peaked around step ~{_round_step(sorted(peaks)[len(peaks) // 2]):,}, median)"
+            parts.append(clause)
+        else:
+            parts.append(f"{count} {VERDICT_VERBS_ONE[verdict] if count == 1 else VERDICT_VERBS[verdict]}")
+    lead = result.query.get("portion_label")
+    sentence = "; ".join(parts) + "."
+    result.summary = (f"Matching {lead}: " + sentence) if lead else sentence[0].upper() + sentence[1:]
+
+
+def _round_step(step: int) -> int:
+    if step < 100:
+        return int(step)
+    digits = len(str(int(step))) - 2
+    return int(round(step, -digits))

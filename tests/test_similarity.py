@@ -1,0 +1,310 @@
+"""Similar-run search on SQLite and PostgreSQL: exactness, prefixes, semantics, versions, real runs."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select, update
+
+from registry import Registry
+from registry.errors import InputError
+from registry.models import CurveEmbedding
+from registry.similarity import (
+    EMBEDDING_VERSION, brute_force, find_similar, rebuild_embeddings, refresh_embeddings, resolve_metrics,
+)
+from registry.similarity import index as X
+
+from conftest import reset_postgres
+
+METRICS = ("episode_return_mean", "kl_old_mean", "entropy")
+SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": ("train/approx_kl", 1.0),
+            "entropy": ("train/entropy_loss", -1.0)}
+
+
+@functools.lru_cache(maxsize=None)
+def synthetic(kind: str, seed: int, n_steps: int, anomaly_at: float | None = None, stride: int | None = None):
+    import registry.diagnosis.fixtures as fx
+    from registry.synthetic import generate_run
+
+    cached = functools.lru_cache()(fx.default_metric_infos)  # generate_run re-reads the YAML otherwise
+    original, fx.default_metric_infos = fx.default_metric_infos, cached
+    try:
+        return generate_run(kind, seed=seed, algorithm="ppo", n_steps=n_steps, task="synthetic-cartpole",
+                            anomaly_at=anomaly_at, step_stride=stride)
+    finally:
+        fx.default_metric_infos = original
+
+
+def register(reg: Registry, name: str, run, sb3: bool = False, **fields) -> str:
+    if sb3:
+        data = {key: (run.curves[m].steps, sign * run.curves[m].values) for m, (key, sign) in SB3_KEYS.items()}
+        fields.setdefault("framework", "stable-baselines3")
+    else:
+        data = {m: (run.curves[m].steps, run.curves[m].values) for m in METRICS}
+        fields.setdefault("framework", "custom")
+    res = reg.register_arrays(name, data, algorithm="ppo", task=run.task, params=run.params,
+                              outcome={"verdict": run.outcome.verdict}, **fields)
+    with reg.transaction() as s:
+        refresh_embeddings(s, res.run_id)
+    return res.run_id
+
+
+def family_corpus(reg: Registry, per_kind: int = 6, sb3: bool = False) -> dict[str, str]:
+    """Runs of four families with varied lengths; collapse onsets early (2-15%, as with a too-high lr)."""
+    rng = np.random.default_rng(7)
+    kinds = {}
+    for kind in ("healthy", "entropy_collapse", "kl_blowup", "stagnant"):
+        for seed in range(per_kind):
+            at = round(float(rng.uniform(0.02, 0.15)), 3) if kind in ("entropy_collapse", "kl_blowup") else None
+            run = synthetic(kind, seed, int(rng.integers(48, 600)), at)
+            kinds[register(reg, f"{kind}-{seed}", run, sb3=sb3)] = kind
+    return kinds
+
+
+def test_two_stage_and_exact_modes_equal_brute_force(registry: Registry):
+    kinds = family_corpus(registry)
+    queries = list(kinds)[::5]
+    for q in queries:
+        for kwargs in ({}, {"prefix": 0.25}, {"prefix": 0.3}, {"window": (0.2, 0.7)}, {"normalize": "raw"},
+                       {"metrics": "reward,entropy"}):
+            truth = brute_force(registry, q, k=5, **kwargs)
+            for mode in ({"candidates": 8}, {"exact": True}, {}):
+                got = find_similar(registry, q, k=5, **kwargs, **mode)
+                if "candidates" in mode:
+                    assert got.stats["candidates"] == 8
+                    continue  # a small pool is approximate by design; the others must be exact
+                assert [n.run_id for n in got] == [n.run_id for n in truth], (q, kwargs, mode)
+                assert [n.distance for n in got] == pytest.approx([n.distance for n in truth], rel=1e-9)
+    res = find_similar(registry, queries[0], k=5)
+    assert res.engine.startswith("numpy")
+    assert res.stats["dtw_computed"] <= res.stats["candidates"]
+    assert res.neighbours[0].distance <= res.neighbours[-1].distance
+    assert set(res.neighbours[0].metric_distances) == set(METRICS)
+    json.dumps(res.to_dict())
+
+
+def test_neighbours_share_family_and_summary_reports_outcomes(registry: Registry):
+    kinds = family_corpus(registry)
+    hits = []
+    for q, kind in kinds.items():
+        res = find_similar(registry, q, k=3)
+        group = {"entropy_collapse": "collapse", "kl_blowup": "collapse"}
+        hits += [group.get(kinds[n.run_id], kinds[n.run_id]) == group.get(kind, kind) for n in res]
+    assert np.mean(hits) >= 0.7
+    res = find_similar(registry, next(q for q, k in kinds.items() if k == "stagnant"), k=5)
+    verdict, count = next(iter(res.verdict_counts.items()))
+    assert res.summary.startswith(f"{count} of the 5 nearest runs")
+    assert res.predicted_verdict == verdict
+    first = res.neighbours[0]
+    assert first.params and first.verdict and "final" not in first.param_diff
+
+
+def test_prefix_query_on_running_run_finds_same_family(registry: Registry):
+    kinds = family_corpus(registry)
+    full = synthetic("stagnant", 99, 400)
+    planned = int(full.curves["entropy"].steps[-1])
+    handle = registry.create_run("live-stagnant", algorithm="ppo", framework="custom", task=full.task,
+                                 params={"total_timesteps": planned})
+    cut = 120  # 30% of the planned run so far
+    for m in METRICS:
+        handle.log_series(m, full.curves[m].steps[:cut], full.curves[m].values[:cut])
+    with registry.transaction() as s:
+        refresh_embeddings(s, handle.id)
+    res = find_similar(registry, handle.id, k=5)
+    assert res.query["portion_kind"] == "prefix" and res.query["align"] == "fraction"
+    assert res.query["end"] == pytest.approx(0.3, abs=0.01)  # placed by total_timesteps
+    assert sum(kinds[n.run_id] == "stagnant" for n in res) >= 4
+    assert "went on to" in res.summary or "ended" in res.summary or "failed" in res.summary
+    # the neighbours were compared over their own first 30%, and report how they ended
+    n = res.neighbours[0]
+    first, last = n.compared_steps["entropy"]
+    with registry.read() as s:
+        row = s.scalar(select(CurveEmbedding).where(CurveEmbedding.run_id == n.run_id,
+                                                    CurveEmbedding.metric == "entropy"))
+    assert (last - row.first_step) / (row.last_step - row.first_step) == pytest.approx(0.3, abs=0.02)
+    assert n.verdict is not None
+    # aligned by absolute step instead: the historical runs' first N steps
+    by_step = find_similar(registry, handle.id, k=5, align="step")
+    assert by_step.query["align"] == "step"
+    assert by_step.query["end"] == full.curves["entropy"].steps[cut - 1]
+    with pytest.raises(InputError, match="only reaches step"):
+        find_similar(registry, handle.id, window=(0.5, 0.9))
+
+
+def test_step_alignment_excludes_runs_that_end_earlier(registry: Registry):
+    long = synthetic("healthy", 1, 500, stride=128)
+    q = register(registry, "long", long)
+    step = int(long.curves["entropy"].steps[300])
+    ends = {}
+    for seed, n, stride in ((2, 60, 128), (3, 500, 128), (4, 400, 2048), (6, 200, 1)):
+        run = synthetic("healthy", seed, n, stride=stride)
+        ends[register(registry, f"h{seed}", run)] = int(run.curves["entropy"].steps[-1])
+    short = {rid for rid, end in ends.items() if end < step}
+    assert len(short) == 2
+    res = find_similar(registry, q, prefix=step, align="step")
+    assert {n.run_id for n in res} == set(ends) - short
+    assert all(n.compared_steps["entropy"][1] == pytest.approx(step, rel=0.01) for n in res)
+    group = next(g for g in res.excluded if g["reason"] == "too_short")
+    assert {r["id"] for r in group["runs"]} == short and res.excluded_counts["too_short"] == len(short)
+
+
+def test_semantic_incompatibility_excludes_with_reason(registry: Registry):
+    run = synthetic("healthy", 0, 200)
+    k3 = register(registry, "sb3-k3", run, sb3=True)
+    k1 = register(registry, "sb3-k1", synthetic("healthy", 1, 200), sb3=True,
+                  semantics={"train/approx_kl": {"kl_estimator": "k1"}})
+    other = register(registry, "sb3-k3-b", synthetic("stagnant", 2, 200), sb3=True)
+    only_kl = find_similar(registry, k3, metrics=["kl"])
+    assert [n.run_id for n in only_kl] == [other]
+    group = next(g for g in only_kl.excluded if g["reason"] == "semantics")
+    assert group["metric"] == "kl_old_mean" and group["runs"][0]["id"] == k1
+    assert "KL estimator: k3 vs k1" in group["differences"]
+    assert only_kl.excluded_counts["semantics"] == 1
+    # with other metrics to compare, the run stays, its KL is not compared, and it says why
+    multi = find_similar(registry, k3)
+    n = next(n for n in multi if n.run_id == k1)
+    assert n.metric_distances["kl_old_mean"] is None and n.metrics_compared == 2
+    assert any("KL estimator: k3 vs k1" in w for w in n.warnings)
+
+
+def test_versions_are_never_mixed_and_rebuild_recomputes(registry: Registry):
+    kinds = family_corpus(registry, per_kind=2)
+    q, old = list(kinds)[:2]
+    with registry.transaction() as s:
+        s.execute(update(CurveEmbedding).where(CurveEmbedding.run_id == old).values(version="paa16-v0"))
+    res = find_similar(registry, q, k=10)
+    assert old not in {n.run_id for n in res}
+    assert any("another version" in w for w in res.warnings)
+    report = rebuild_embeddings(registry)
+    assert report["old_version_rows_dropped"] == 3 and report["runs"] == len(kinds)
+    with registry.read() as s:
+        versions = set(s.scalars(select(CurveEmbedding.version).distinct()))
+    assert versions == {EMBEDDING_VERSION}
+    res = find_similar(registry, q, k=10)
+    assert old in {n.run_id for n in res} and not res.warnings
+
+
+def test_refresh_rule_and_cache_reuse(registry: Registry):
+    run = synthetic("healthy", 5, 400)
+    handle = registry.create_run("streaming", algorithm="ppo", framework="custom")
+    steps, values = run.curves["entropy"].steps, run.curves["entropy"].values
+
+    def rows():
+        with registry.read() as s:
+            return s.execute(select(CurveEmbedding.id, CurveEmbedding.point_count, CurveEmbedding.complete)
+                             .where(CurveEmbedding.run_id == handle.id)).one()
+
+    handle.log_series("entropy", steps[:200], values[:200])
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 1
+    first = rows()
+    assert first.point_count == 200 and not first.complete
+    handle.log_series("entropy", steps[200:209], values[200:209])  # +4.5%: kept
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 0
+    handle.log_series("entropy", steps[209:211], values[209:211])  # +5.5%: recomputed
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 1
+    second = rows()
+    assert second.point_count == 211 and second.id > first.id
+    handle.log_series("entropy", steps[211:215], values[211:215])  # +2%: kept while running
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 0
+    handle.finish()
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 1  # finished with unseen points: final recompute
+    assert rows().complete and rows().point_count == 215
+    with registry.transaction() as s:
+        assert refresh_embeddings(s, handle.id) == 0
+    # the per-process cache is reused until the table changes
+    register(registry, "other", synthetic("stagnant", 5, 300))
+    loads = X.CACHE.loads
+    find_similar(registry, handle.id, metrics="entropy")
+    find_similar(registry, handle.id, metrics="entropy")
+    assert X.CACHE.loads <= loads + 1
+    third = register(registry, "third", synthetic("stagnant", 6, 300))
+    res = find_similar(registry, handle.id, metrics="entropy")
+    assert third in {n.run_id for n in res}  # new rows merged in without a full reload
+    assert X.CACHE.loads <= loads + 1
+
+
+def test_metric_names_resolve_by_quantity(registry: Registry):
+    run_id = register(registry, "sb3", synthetic("healthy", 0, 100), sb3=True)
+    with registry.read() as s:
+        from registry.similarity.search import _load_query
+
+        available, _ = _load_query(s, registry.resolve_run(s, run_id))
+    assert resolve_metrics(available, None) == list(METRICS)
+    assert resolve_metrics(available, "reward,kl,entropy") == list(METRICS)
+    assert resolve_metrics(available, ["train/approx_kl", "return"]) == ["kl_old_mean", "episode_return_mean"]
+    with pytest.raises(InputError, match="no metric 'grad_norm'"):
+        resolve_metrics(available, ["grad_norm"])
+    with pytest.raises(InputError, match="prefix"):
+        find_similar(registry, run_id, prefix=1.5)
+
+
+def test_sb3_real_runs_find_their_kind(registry: Registry, sb3_runs):
+    kinds = family_corpus(registry, per_kind=6, sb3=True)
+    names = {}
+    for d in sorted(sb3_runs.iterdir()):
+        res = registry.register(d, name=d.name, algorithm="ppo", framework="stable-baselines3")
+        with registry.transaction() as s:
+            refresh_embeddings(s, res.run_id)
+        names[res.run_id] = d.name
+    res = find_similar(registry, "cartpole_lr_too_high_5e-2", k=3)
+    assert res.metrics == list(METRICS)
+    assert kinds[res.neighbours[0].run_id] in ("entropy_collapse", "kl_blowup")
+    tiny = find_similar(registry, "cartpole_tiny_lr_1e-6", k=3)
+    assert kinds.get(tiny.neighbours[0].run_id, "real") == "stagnant"
+    healthy = find_similar(registry, "cartpole_healthy_s0", k=1, where="name ~ healthy")
+    assert kinds[healthy.neighbours[0].run_id] == "healthy"
+
+
+def test_engine_label_on_postgres_without_pgvector(pg_url: str):
+    reg = Registry(pg_url)
+    try:
+        if X.pgvector_status(reg.engine) == "ready":
+            pytest.skip("this server has pgvector")
+        a = register(reg, "a", synthetic("healthy", 0, 100))
+        register(reg, "b", synthetic("healthy", 1, 100))
+        res = find_similar(reg, a)
+        assert res.engine == "numpy (pgvector not installed)"
+    finally:
+        reg.close()
+
+
+@pytest.fixture
+def pgvector_registry():
+    url = os.environ.get("RLREG_TEST_PGVECTOR_URL")
+    if not url:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI needs RLREG_TEST_PGVECTOR_URL: a PostgreSQL server with pgvector")
+        pytest.skip("no pgvector server (set RLREG_TEST_PGVECTOR_URL)")
+    reset_postgres(url)
+    reg = Registry(url)
+    yield reg
+    reg.close()
+
+
+def test_pgvector_candidate_stage_in_the_database(pgvector_registry: Registry):
+    reg = pgvector_registry
+    assert X.pgvector_status(reg.engine) == "ready"
+    kinds = family_corpus(reg, per_kind=4)
+    with reg.read() as s:
+        assert s.scalar(select(func.count()).select_from(CurveEmbedding).where(
+            CurveEmbedding.version == EMBEDDING_VERSION)) == 3 * len(kinds)
+    q = list(kinds)[3]
+    res = find_similar(reg, q, k=5)
+    assert res.engine.startswith("pgvector hnsw (v100")
+    truth = brute_force(reg, q, k=5)
+    assert [n.run_id for n in res] == [n.run_id for n in truth]
+    pre = find_similar(reg, q, k=5, prefix=0.25)
+    assert "(v025" in pre.engine
+    assert [n.run_id for n in pre] == [n.run_id for n in brute_force(reg, q, k=5, prefix=0.25)]
+    filtered = find_similar(reg, q, k=5, where="name ~ stagnant")
+    assert filtered.neighbours and all(kinds[n.run_id] == "stagnant" for n in filtered)
+    stepwise = find_similar(reg, q, k=5, align="step")
+    assert stepwise.engine == "numpy (step-aligned queries are not served by the pgvector index)"
