@@ -427,6 +427,70 @@ def dictionary_export(ctx: click.Context, fmt: str, output: Path | None) -> None
         click.echo(text, nl=False)
 
 
+@cli.group()
+def user() -> None:
+    """Users who may write through the web UI."""
+
+
+@user.command("create")
+@click.argument("username")
+@click.password_option(help="Password (asked for when omitted).")
+@click.pass_context
+def user_create(ctx: click.Context, username: str, password: str) -> None:
+    from .auth import create_user
+
+    create_user(open_from(ctx.find_root()), username, password)
+    click.echo(f"created user {username}")
+
+
+@cli.group()
+def token() -> None:
+    """API tokens for the Python client and scripts (sent as a bearer header)."""
+
+
+@token.command("create")
+@click.option("--user", "username", required=True)
+@click.option("--name", required=True, help="What the token is for, e.g. 'cluster-a training'.")
+@click.pass_context
+def token_create(ctx: click.Context, username: str, name: str) -> None:
+    """Create a token; its secret is printed once and never stored."""
+    from .auth import create_token
+
+    secret = create_token(open_from(ctx.find_root()), username, name)
+    click.echo(secret)
+    err_console.print("store it now: only its hash is kept, it cannot be shown again", style="yellow")
+
+
+@token.command("revoke")
+@click.option("--user", "username", required=True)
+@click.option("--name", required=True)
+@click.pass_context
+def token_revoke(ctx: click.Context, username: str, name: str) -> None:
+    from .auth import revoke_token
+
+    revoke_token(open_from(ctx.find_root()), username, name)
+    click.echo(f"revoked token {name!r} of {username}")
+
+
+@token.command("list")
+@json_option
+@click.pass_context
+def token_list(ctx: click.Context, as_json: bool) -> None:
+    from .auth import list_tokens
+
+    rows = list_tokens(open_from(ctx.find_root()))
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table(title=f"{len(rows)} tokens", title_justify="left")
+    for col in ("user", "name", "prefix", "created", "last used", "state"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["user"], r["name"], r["prefix"] + "...", r["created_at"][:19], (r["last_used_at"] or "")[:19],
+                      "revoked" if r["revoked"] else "active")
+    console.print(table)
+
+
 @cli.command("export")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @click.pass_context
