@@ -435,3 +435,20 @@ def test_edit_definition_needs_csrf_and_records_a_version(db_app):
     assert again.status_code == 302
     assert "Nothing changed" in text(c.get(again.headers["Location"]))
     assert c.get("/api/definitions/entropy").get_json()["version"] == 2
+
+
+def test_metric_columns_cover_every_framework_on_the_page():
+    from registry.web.views import pick_metric_columns
+
+    defs = {
+        "episode_return_mean": {"quantity": "return", "layer": "objective"},
+        "reward_format_mean": {"quantity": "reward", "layer": "objective"},
+        "reward_sequence_mean": {"quantity": "reward", "layer": "objective"},
+        "kl_old_mean": {"quantity": "kl", "layer": "constraint"},
+        "entropy": {"quantity": "entropy", "layer": "constraint"},
+    }
+    last = {
+        "sb3": {"episode_return_mean": {}, "kl_old_mean": {}, "entropy": {}},
+        "verl": {"reward_format_mean": {}, "reward_sequence_mean": {}, "kl_old_mean": {}, "entropy": {}},
+    }
+    assert set(pick_metric_columns(last, defs)) == {"episode_return_mean", "reward_sequence_mean", "kl_old_mean", "entropy"}

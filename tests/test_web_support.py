@@ -131,3 +131,22 @@ def test_downsampling_keeps_a_single_spike_in_a_million_points():
     assert idx is not None and len(idx) == 2000
     assert 654_321 in set(idx.tolist())
     assert downsample_indices(x[:100], y[:100], 2000) is None
+
+
+def test_rendering_is_safe_from_many_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from registry.web.plotting import PlotSpec, Trace, render
+
+    def draw(i: int) -> bytes:
+        x = np.arange(500)
+        y = np.sin(x / (10 + i))
+        spec = PlotSpec([Trace(f"run {i}", "#1f5fa8", x, y, x, y)], healthy=(-0.5, 0.5), ylim=(-1, 1),
+                        notes=[f"plot {i}"], warnings=["not comparable: KL estimator: k3 vs k1"] if i % 2 else [],
+                        legend=True)
+        return render(spec, "svg" if i % 3 == 0 else "png")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        images = list(pool.map(draw, range(32)))
+    assert all(img.startswith(b"\x89PNG") or b"<svg" in img[:400] for img in images)
+    assert images[1] == draw(1)  # deterministic bytes: the same content gives the same image (and ETag)

@@ -33,6 +33,11 @@ KEY_PARAM_HINTS = (
     "clip_ratio", "cliprange", "ent_coef", "entropy_coeff", "batch_size", "train_batch_size", "n_steps",
     "n_epochs", "ppo_epochs", "rollout_n", "n", "num_generations", "gamma", "gae_lambda", "seed",
 )
+# Which metric of a kind makes the best column, when runs have several.
+PREFERRED_METRICS = (
+    "reward_sequence_mean", "episode_return_mean", "reward_total_mean", "return_mean", "eval_reward_mean",
+    "success_rate", "kl_ref_mean", "kl_old_mean", "entropy", "clip_fraction",
+)
 SORT_COLUMNS = ("name", "project", "algorithm", "framework", "task", "verdict", "status", "created_at")
 
 
@@ -89,7 +94,10 @@ def pick_metric_columns(last: Mapping[str, Mapping[str, Any]], defs: Mapping[str
             uncovered = [per for per in last.values() if not any(n in per for n in picked)]
             if not uncovered:
                 break
-            best = max(pool, key=lambda n: (sum(n in per for per in uncovered), n.endswith("_mean"), -len(n)))
+            best = max(pool, key=lambda n: (
+                sum(n in per for per in uncovered),
+                -PREFERRED_METRICS.index(n) if n in PREFERRED_METRICS else -len(PREFERRED_METRICS),
+                n.endswith("_mean"), -len(n)))
             if not any(best in per for per in uncovered):
                 break
             picked.append(best)
