@@ -150,3 +150,14 @@ def test_rendering_is_safe_from_many_threads():
         images = list(pool.map(draw, range(32)))
     assert all(img.startswith(b"\x89PNG") or b"<svg" in img[:400] for img in images)
     assert images[1] == draw(1)  # deterministic bytes: the same content gives the same image (and ETag)
+
+
+def test_user_text_on_plots_is_drawn_literally():
+    from registry.web.plotting import PlotSpec, Trace, plain, render
+
+    assert plain("cost $5$ run") == r"cost \$5\$ run"
+    x = np.arange(10)
+    spec = PlotSpec([Trace("lr=$1e-3$ {x}_^", "#1f5fa8", x, x * 1.0, x, x * 1.0)],
+                    warnings=["not comparable: $\\frac{a}{$"], notes=["$unbalanced"], legend=True, title="$$")
+    assert render(spec).startswith(b"\x89PNG")
+    assert b"<svg" in render(spec, "svg")[:400]

@@ -56,6 +56,9 @@ def _conditional(tag: str, mimetype: str, make: Callable[[], bytes], cache: bool
         response = Response(data, mimetype=mimetype)
         response.headers["X-Plot-Cache"] = "hit" if hit else "miss"
     response.set_etag(tag)
+    if mimetype == FORMATS["svg"]:
+        # Opened on its own, an SVG is a document: allow matplotlib's inline <style>, nothing else.
+        response.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
     # The URL does not change when the run gets new points: always revalidate (cheap, see above).
     response.headers["Cache-Control"] = "private, no-cache"
     return response

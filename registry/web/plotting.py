@@ -26,6 +26,17 @@ WARNING_RED = "#b3261e"
 FORMATS = {"png": "image/png", "svg": "image/svg+xml"}
 
 
+MAX_LABEL = 60
+
+
+def plain(text: str, limit: int = MAX_LABEL) -> str:
+    """User text drawn literally: no mathtext (``$...$`` in a run name must not be parsed), bounded length."""
+    text = str(text)
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return text.replace("$", r"\$")
+
+
 def light(color: str, amount: float = 0.62) -> str:
     """``color`` mixed with ``amount`` of white (raw points under a dark smoothed line)."""
     r, g, b = to_rgb(color)
@@ -130,10 +141,10 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
                     linestyle=trace.linestyle, zorder=3, solid_joinstyle="round")
         if trace.smooth_x is not None and len(trace.smooth_x):
             ax.plot(trace.smooth_x, trace.smooth_y, color=trace.color, linewidth=1.6, linestyle=trace.linestyle,
-                    label=trace.label, zorder=4)
+                    label=plain(trace.label) if trace.label else None, zorder=4)
             ax.plot(trace.smooth_x[-1:], trace.smooth_y[-1:], "o", color=trace.color, markersize=3, zorder=5)
         elif trace.label and trace.raw_x is not None and len(trace.raw_x):
-            ax.plot([], [], color=trace.color, linestyle=trace.linestyle, label=trace.label)
+            ax.plot([], [], color=trace.color, linestyle=trace.linestyle, label=plain(trace.label))
         if trace.nonfinite_x is not None and len(trace.nonfinite_x):
             ax.plot(trace.nonfinite_x, np.full(len(trace.nonfinite_x), 0.015), "|", color=WARNING_RED,
                     markersize=6, transform=ax.get_xaxis_transform(), zorder=6, clip_on=False)
@@ -145,14 +156,15 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
 
     y = 0.985
     if spec.title:
-        fig.text(0.012, y, spec.title, fontsize=9, color="#222222", va="top", weight="bold")
+        fig.text(0.012, y, plain(spec.title, 120), fontsize=9, color="#222222", va="top", weight="bold")
         y -= 0.075
     for text in spec.warnings:
-        fig.text(0.012, y, "\u26a0 " + text, fontsize=7.5, color="white", va="top", weight="bold",
+        # One line each: as many characters as fit the figure's width (the page shows the full text).
+        fig.text(0.012, y, "\u26a0 " + plain(text, int(spec.width * 72 / (7.5 * 0.62))), fontsize=7.5, color="white", va="top", weight="bold",
                  bbox={"boxstyle": "square,pad=0.25", "facecolor": WARNING_RED, "edgecolor": "none"})
         y -= 0.085
     if spec.notes:
-        ax.text(0.005, 1.01, "  \u00b7  ".join(spec.notes), transform=ax.transAxes, fontsize=6.5,
+        ax.text(0.005, 1.01, plain("  \u00b7  ".join(spec.notes), 160), transform=ax.transAxes, fontsize=6.5,
                 color="#777777", va="bottom", ha="left")
 
     buf = io.BytesIO()
