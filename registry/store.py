@@ -269,6 +269,8 @@ class Registry:
                 self._append_chunks(session, series, sd)
         run.data_version += 1
         run.updated_at = utcnow()
+        session.flush()
+        _refresh_embeddings(session, run.id)
         return bindings
 
     def _append_chunks(self, session: Session, series: Series, sd: SeriesData) -> None:
@@ -500,6 +502,8 @@ class Registry:
             if status in ("finished", "crashed"):
                 run.finished_at = utcnow()
             run.data_version += 1
+            session.flush()
+            _refresh_embeddings(session, run.id)
 
     # --- reads ------------------------------------------------------------------
 
@@ -626,6 +630,13 @@ class Registry:
 
     def healthy_range(self, definition: Mapping[str, Any], task: str | None) -> tuple[float | None, float | None]:
         return healthy_range_for(definition, task)
+
+
+def _refresh_embeddings(session: Session, run_id: str) -> None:
+    """Keep the similar-run search's shape embeddings current, in the same transaction."""
+    from .similarity import refresh_embeddings
+
+    refresh_embeddings(session, run_id)
 
 
 def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
