@@ -96,7 +96,8 @@ def summarize(result: SimilarResult, objective: str | None) -> None:
             verb = VERDICT_VERBS_ONE[verdict] if count == 1 else VERDICT_VERBS[verdict]
             head = f"{count} of the {len(ns)} nearest run{'s' if len(ns) > 1 else ''}"
             if result.query.get("portion_kind") == "prefix":
-                verb = {"succeeded": "went on to succeed", "failed": "ended failed", "diverged": "went on to diverge"}.get(verb, verb)
+                verb = {"succeeded": "went on to succeed", "failed": "went on to fail",
+                        "diverged": "went on to diverge"}.get(verb, verb)
             clause = f"{head} {verb}"
             peaks = [n.peak_step for n in ns if n.verdict == verdict and n.peak_step is not None]
             if verdict in ("diverged", "failed") and objective and peaks:
