@@ -544,6 +544,73 @@ def diagnose(ctx: click.Context, run: str, no_baseline: bool, as_json: bool) -> 
             console.print(f"  {t.order}. [{t.layer}] {t.text}", highlight=False, markup=False)
 
 
+def _prefix_value(text: str | None) -> float | int | None:
+    """``0.2`` is a fraction of training; ``2000`` (a whole number above 1) is a step count."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"--prefix {text!r} must be a fraction (0.25) or a step count (2000)") from None
+    return int(value) if value > 1 and value.is_integer() else value
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--metrics", help="Comma-separated metrics: canonical names, raw keys, or reward / kl / entropy ...")
+@click.option("--prefix", help="Match only the first part: a fraction (0.2) or a number of steps (2000).")
+@click.option("--window", help="Match a window: START,END as fractions (0.2,0.4) or steps (1000,3000).")
+@click.option("-k", "k", default=10, show_default=True, help="How many neighbours.")
+@click.option("--align", type=click.Choice(["fraction", "step"]), default="fraction", show_default=True)
+@click.option("--normalize", type=click.Choice(["z", "raw"]), default="z", show_default=True)
+@click.option("--where", help="Filter the candidates with the run filter language.")
+@click.option("--same-task", is_flag=True)
+@click.option("--same-project", is_flag=True)
+@click.option("--same-algorithm", is_flag=True)
+@click.option("--outcome", "outcomes", multiple=True, type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
+@json_option
+@click.pass_context
+def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | None, window: str | None, k: int,
+            align: str, normalize: str, where: str | None, same_task: bool, same_project: bool,
+            same_algorithm: bool, outcomes: tuple[str, ...], as_json: bool) -> None:
+    """Which past runs looked like this one, and how did they end?"""
+    from .similarity import find_similar
+
+    span = None
+    if window:
+        parts = [_prefix_value(p.strip()) for p in window.split(",")]
+        if len(parts) != 2:
+            raise InputError(f"--window {window!r} must be START,END")
+        span = (parts[0], parts[1])
+    result = find_similar(
+        open_from(ctx), run, metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span, align=align,
+        normalize=normalize, where=where, same_task=same_task, same_project=same_project,
+        same_algorithm=same_algorithm, outcome=list(outcomes) or None,
+    )
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    console.print(result.summary, highlight=False, markup=False)
+    table = Table(title=f"{len(result.neighbours)} nearest runs over {', '.join(result.metrics)} "
+                        f"({result.engine})", title_justify="left")
+    for col in ("#", "run", "distance", *result.metrics, "verdict", "scores", "differs in"):
+        table.add_column(col, overflow="fold")
+    for n in result.neighbours:
+        diff = ", ".join(f"{key}={vals[1]}" for key, vals in list(n.param_diff.items())[:4])
+        table.add_row(str(n.rank), n.name, f"{n.distance:.3g}",
+                      *(_fmt(n.metric_distances.get(m)) for m in result.metrics), n.verdict or "",
+                      ", ".join(f"{a}={_fmt(b)}" for a, b in n.scores.items()), diff)
+    console.print(table)
+    for group in result.excluded:
+        names = [r["name"] for r in group.get("runs", [])]
+        example = f" (e.g. {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else ""
+        why = "; ".join(group.get("differences") or []) or group.get("reason", "")
+        console.print(f"not compared on {group.get('metric', 'any metric')}: {group.get('count', len(names))} run(s), "
+                      f"{why}{example}", highlight=False, markup=False, style="dim")
+    for warning in result.warnings:
+        console.print(f"warning: {warning}", highlight=False, markup=False, style="yellow")
+
+
 @cli.group()
 def baseline() -> None:
     """Health baselines per task, learned from runs marked healthy."""

@@ -44,6 +44,17 @@ REAL_RUN_OUTCOMES = {
 }
 
 
+def hyperparameters(algorithm: str, lr: float, seed: int) -> dict[str, Any]:
+    """What the trainer's config would say (the generator's curve-shape parameters stay hidden)."""
+    if algorithm == "grpo":
+        return {"actor": {"optim": {"lr": lr}, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl", "clip_ratio": 0.2,
+                          "ppo_epochs": 1},
+                "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True},
+                "data": {"train_batch_size": 256, "max_response_length": 1024}, "rollout": {"n": 8}, "seed": seed}
+    return {"learning_rate": lr, "n_steps": 2048, "batch_size": 64, "n_epochs": 10, "gamma": 0.99, "gae_lambda": 0.95,
+            "clip_range": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "seed": seed}
+
+
 def alias_keys(definitions: Mapping[str, Mapping[str, Any]], framework: str, algorithm: str) -> dict[str, tuple[str, float]]:
     """canonical name -> (raw key, sign) for one framework, preferring the algorithm-specific alias."""
     out: dict[str, tuple[str, float]] = {}
@@ -83,7 +94,7 @@ def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], 
             checkpoints = [(step, f"ckpt/{name}/step_{step}") for step in run.checkpoints]
             reg.register_arrays(
                 name, _raw_series(run.curves, keys), project=project, algorithm=algorithm.upper(),
-                framework=framework, task=task, params=run.params,
+                framework=framework, task=task, params=hyperparameters(algorithm, run.params["lr"], seed),
                 tags=["demo", kind] + ([f"seed{seed}"] if kind == "healthy" else []),
                 outcome={
                     "verdict": run.outcome.verdict,
