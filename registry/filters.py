@@ -21,7 +21,7 @@ from typing import Any
 from lark import Lark, Token, Transformer, UnexpectedInput, v_args
 from sqlalchemy import ColumnElement, and_, exists, func, not_, or_, select, true
 
-from .errors import FilterSyntaxError
+from .errors import FilterSyntaxError, InputError
 from .models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series
 
 MAX_FILTER_LENGTH = 2000
@@ -140,22 +140,53 @@ def _param_condition(key: str, op: str, value: _Value) -> ColumnElement:
 
 
 def _metric_condition(field: str, op: str, value: _Value) -> ColumnElement:
+    name, _, column = _metric_stat_column(field)
+    if value.kind != "number" or op == "~":
+        raise ValueError(f"{field} compares with a number")
+    return exists(select(Series.id).where(Series.run_id == Run.id, _series_named(name),
+                                          COMPARATORS[op](column, value.value)))
+
+
+def _metric_stat_column(field: str) -> tuple[str, str, Any]:
+    """(name, stat, column expression) of a ``metric.NAME.STAT`` field."""
     _, rest = field.split(".", 1)
     name, _, stat = rest.rpartition(".")
     if not name or stat not in SERIES_STATS and stat != "mean":
         raise ValueError(f"write metric fields as metric.NAME.STAT with STAT one of {', '.join([*SERIES_STATS, 'mean'])}")
-    if value.kind != "number" or op == "~":
-        raise ValueError(f"{field} compares with a number")
     if stat == "mean":
-        finite = Series.count - Series.nan_count - Series.inf_count
-        column = Series.finite_sum / func.nullif(finite, 0)
-    else:
-        column = SERIES_STATS[stat]
-    match_name = or_(
+        return name, stat, Series.finite_sum / func.nullif(Series.count - Series.nan_count - Series.inf_count, 0)
+    return name, stat, SERIES_STATS[stat]
+
+
+def _series_named(name: str) -> ColumnElement:
+    return or_(
         Series.key == name,
         Series.definition_id.in_(select(MetricDefinition.id).where(MetricDefinition.name == name)),
     )
-    return exists(select(Series.id).where(Series.run_id == Run.id, match_name, COMPARATORS[op](column, value.value)))
+
+
+def sort_keys(field: str) -> list[Any]:
+    """ORDER BY expressions for a run column, ``param.KEY`` or ``metric.NAME.STAT``.
+
+    Hyperparameters sort numbers numerically and text alphabetically (numbers first);
+    runs without the key or metric sort last either way.
+    """
+    if field in ORDERABLE:
+        return [ORDERABLE[field]]
+    try:
+        if field.startswith("param."):
+            key = field[6:]
+            base = select(RunParam.num_value).where(RunParam.run_id == Run.id, RunParam.key == key)
+            text = select(RunParam.text_value).where(RunParam.run_id == Run.id, RunParam.key == key)
+            return [base.scalar_subquery(), text.scalar_subquery()]
+        if field.startswith("metric."):
+            name, _, column = _metric_stat_column(field)
+            sub = (select(column).where(Series.run_id == Run.id, _series_named(name))
+                   .order_by(Series.count.desc()).limit(1))
+            return [sub.scalar_subquery()]
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    raise InputError(f"cannot sort by {field!r}; choose from {', '.join(ORDERABLE)}, param.KEY or metric.NAME.STAT")
 
 
 def _comparison(field: str, op: str, value: _Value) -> ColumnElement:

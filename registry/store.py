@@ -594,7 +594,7 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Runs matching the filters (``where`` in the filter language), and the total match count."""
-        from .filters import ORDERABLE, compile_filter
+        from .filters import compile_filter, sort_keys
 
         query = select(Run)
         conditions = []
@@ -611,12 +611,10 @@ class Registry:
         if conditions:
             query = query.where(*conditions)
         desc = order_by.startswith("-")
-        column = ORDERABLE.get(order_by.lstrip("-"))
-        if column is None:
-            raise InputError(f"cannot sort by {order_by.lstrip('-')!r}; choose from {', '.join(ORDERABLE)}")
+        keys = [k.desc().nulls_last() if desc else k.asc().nulls_last() for k in sort_keys(order_by.lstrip("-"))]
         with self.read() as session:
             total = session.scalar(select(func.count()).select_from(query.subquery()))
-            page = query.order_by(column.desc() if desc else column.asc(), Run.id).offset(offset)
+            page = query.order_by(*keys, Run.id).offset(offset)
             if limit is not None:
                 page = page.limit(limit)
             page = page.options(selectinload(Run.params), selectinload(Run.tags), selectinload(Run.scores))

@@ -168,3 +168,18 @@ def test_list_runs_filters(registry: Registry):
     assert names("name ~ '%'") == []  # LIKE wildcards are escaped
     rows, total = registry.list_runs(limit=2, order_by="name")
     assert total == 3 and [r["name"] for r in rows] == ["a", "b"]
+
+
+def test_sort_by_hyperparameter_and_metric(registry: Registry):
+    for name, lr, last in (("a", 3e-4, 0.5), ("b", 1e-6, 0.9), ("c", None, 0.1)):
+        params = {"learning_rate": lr} if lr is not None else {"optimizer": "adam"}
+        registry.register_arrays(name, {"critic/score/mean": ([1, 2], [0.0, last])}, framework="verl", params=params)
+    order = lambda key: [r["name"] for r in registry.list_runs(order_by=key)[0]]  # noqa: E731
+    assert order("param.learning_rate") == ["b", "a", "c"]  # runs without the key last
+    assert order("-param.learning_rate") == ["a", "b", "c"]
+    assert order("-metric.reward_sequence_mean.last") == ["b", "a", "c"]
+    assert order("metric.critic/score/mean.max") == ["c", "a", "b"]
+    with pytest.raises(InputError, match="cannot sort by"):
+        registry.list_runs(order_by="bogus")
+    with pytest.raises(InputError, match="STAT one of"):
+        registry.list_runs(order_by="metric.reward.median")
