@@ -611,6 +611,25 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
         console.print(f"warning: {warning}", highlight=False, markup=False, style="yellow")
 
 
+@cli.command()
+@json_option
+@click.pass_context
+def reindex(ctx: click.Context, as_json: bool) -> None:
+    """Recompute every run's similarity embeddings (after an upgrade, a method change, or installing pgvector)."""
+    from .similarity import pgvector_status, rebuild_embeddings
+
+    reg = open_from(ctx)
+    report = rebuild_embeddings(reg)
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(f"embeddings rebuilt for {report['runs']} runs: {report['rows_written']} rows written, "
+                   f"{report['old_version_rows_dropped']} rows of older versions dropped")
+        status = pgvector_status(reg.engine)
+        where = {"ready": "inside PostgreSQL (pgvector HNSW)", "not postgresql": "in-process NumPy (SQLite)"}
+        click.echo(f"candidate stage: {where.get(status, f'in-process NumPy (pgvector {status})')}")
+
+
 @cli.group()
 def baseline() -> None:
     """Health baselines per task, learned from runs marked healthy."""
