@@ -304,7 +304,7 @@ class Registry:
             self._compact(session, series)
 
     def _compact(self, session: Session, series: Series) -> None:
-        data = self._read_chunks(session, series.id)
+        data = read_series_chunks(session, series.id)
         session.execute(delete(SeriesChunk).where(SeriesChunk.series_id == series.id))
         series.chunk_count = 0
         rows = []
@@ -507,33 +507,12 @@ class Registry:
 
     # --- reads ------------------------------------------------------------------
 
-    def _read_chunks(self, session: Session, series_id: int) -> SeriesData:
-        rows = session.execute(
-            select(SeriesChunk.steps, SeriesChunk.values, SeriesChunk.wall_times)
-            .where(SeriesChunk.series_id == series_id)
-            .order_by(SeriesChunk.seq)
-        ).all()
-        if not rows:
-            return SeriesData(np.empty(0, np.int64), np.empty(0, np.float64))
-        if len(rows) == 1:
-            steps, values, walls = rows[0]
-            return SeriesData(codec.decode_steps(steps), codec.decode_values(values), codec.decode_values(walls))
-        steps = np.concatenate([codec.decode_steps(r[0]) for r in rows])
-        values = np.concatenate([codec.decode_values(r[1]) for r in rows])
-        walls = None
-        if any(r[2] is not None for r in rows):
-            walls = np.concatenate([
-                codec.decode_values(r[2]) if r[2] is not None else np.full(len(codec.decode_steps(r[0])), np.nan)
-                for r in rows
-            ])
-        return SeriesData(steps, values, walls)
-
     def read_series(self, run_ref: str, key: str, *, canonical: bool = False) -> SeriesData:
         """One series of a run by raw key (or canonical name when ``canonical``), sign applied if canonical."""
         with self.read() as session:
             run = self.resolve_run(session, run_ref)
             series = self._find_series(session, run, key, canonical)
-            data = self._read_chunks(session, series.id)
+            data = read_series_chunks(session, series.id)
             if canonical and series.sign != 1.0:
                 data = SeriesData(data.steps, data.values * series.sign, data.wall_times)
             return data
@@ -565,7 +544,7 @@ class Registry:
             for series, name in rows:
                 if name in out:
                     continue
-                data = self._read_chunks(session, series.id)
+                data = read_series_chunks(session, series.id)
                 out[name] = SeriesData(data.steps, data.values * series.sign, data.wall_times) if series.sign != 1.0 else data
             return out
 
@@ -628,6 +607,29 @@ class Registry:
 
     def healthy_range(self, definition: Mapping[str, Any], task: str | None) -> tuple[float | None, float | None]:
         return healthy_range_for(definition, task)
+
+
+def read_series_chunks(session: Session, series_id: int) -> SeriesData:
+    """All points of one stored series, in step order, from one query."""
+    rows = session.execute(
+        select(SeriesChunk.steps, SeriesChunk.values, SeriesChunk.wall_times)
+        .where(SeriesChunk.series_id == series_id)
+        .order_by(SeriesChunk.seq)
+    ).all()
+    if not rows:
+        return SeriesData(np.empty(0, np.int64), np.empty(0, np.float64))
+    if len(rows) == 1:
+        steps, values, walls = rows[0]
+        return SeriesData(codec.decode_steps(steps), codec.decode_values(values), codec.decode_values(walls))
+    steps = np.concatenate([codec.decode_steps(r[0]) for r in rows])
+    values = np.concatenate([codec.decode_values(r[1]) for r in rows])
+    walls = None
+    if any(r[2] is not None for r in rows):
+        walls = np.concatenate([
+            codec.decode_values(r[2]) if r[2] is not None else np.full(len(codec.decode_steps(r[0])), np.nan)
+            for r in rows
+        ])
+    return SeriesData(steps, values, walls)
 
 
 def _refresh_embeddings(session: Session, run_id: str) -> None:

@@ -28,8 +28,8 @@ import numpy as np
 from sqlalchemy import Engine, MetaData, delete, func, select, text, true, update
 from sqlalchemy.orm import Session
 
-from .. import codec
-from ..models import CurveEmbedding, MetricDefinition, Run, Series, SeriesChunk, utcnow
+from ..models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
+from ..store import read_series_chunks
 from . import features as F
 
 GROWTH = 1.05
@@ -153,15 +153,6 @@ def feature_row(run_id: str, metric: str, feats: F.SeriesFeatures, *, semantics:
 
 # --- refresh ----------------------------------------------------------------------------
 
-def _series_points(session: Session, series_id: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = session.execute(select(SeriesChunk.steps, SeriesChunk.values)
-                           .where(SeriesChunk.series_id == series_id).order_by(SeriesChunk.seq)).all()
-    if not rows:
-        return np.empty(0, np.int64), np.empty(0)
-    return (np.concatenate([codec.decode_steps(r[0]) for r in rows]),
-            np.concatenate([codec.decode_values(r[1]) for r in rows]))
-
-
 def refresh_embeddings(session: Session, run_id: str, *, force: bool = False) -> int:
     """Bring one run's embeddings up to date inside the caller's transaction; rows written.
 
@@ -196,7 +187,8 @@ def refresh_embeddings(session: Session, run_id: str, *, force: bool = False) ->
                 continue
         if old is not None:
             stale.append(old.id)
-        steps, values = _series_points(session, s.id)
+        data = read_series_chunks(session, s.id)
+        steps, values = data.steps, data.values
         feats = F.compute_features(steps, values * s.sign if s.sign != 1.0 else values)
         if feats is None:
             continue

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, selectinload
 from ..errors import InputError
 from ..models import CurveEmbedding, MetricDefinition, Run, Series
 from ..semantics import semantic_differences
+from ..store import read_series_chunks
 from . import features as F
 from . import index as X
 from .result import Neighbour, SimilarResult, summarize
@@ -594,7 +595,8 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         qms = []
         for name in names:
             a = available[name]
-            steps, values = X._series_points(session, a["series_id"])
+            data = read_series_chunks(session, a["series_id"])
+            steps, values = data.steps, data.values
             qms.append(QueryMetric(name, float(w.get(name, 1.0)), X.semantics_key(a["semantics"]), a["semantics"],
                                    steps, values * a["sign"] if a["sign"] != 1.0 else values))
         if any(qm.weight <= 0 for qm in qms):
