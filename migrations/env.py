@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
 
 from registry.models import Base
 
