@@ -39,6 +39,9 @@ def site(tmp_path_factory):
     """The app on 127.0.0.1 (random port) over a temporary SQLite registry with the fixture runs."""
     reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('browser') / 'registry.db'}")
     ids = fill_registry(reg)
+    from registry.auth import create_user
+
+    create_user(reg, "Grace", "flow-matic-1959")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "browser-test"})
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -144,11 +147,16 @@ def test_edit_a_definition_and_see_the_new_version(site, browser):
     base, _ = site
     browser.get(base + "/dictionary/clip_fraction")
     browser.find_element(By.ID, "edit-definition").click()
+    # Editing needs a login: the login page, then back to the form.
+    wait(browser).until(EC.presence_of_element_located((By.ID, "login-form")))
+    browser.find_element(By.NAME, "username").send_keys("Grace")
+    browser.find_element(By.NAME, "password").send_keys("flow-matic-1959")
+    browser.find_element(By.ID, "login-button").click()
     wait(browser).until(EC.presence_of_element_located((By.ID, "definition-form")))
+    assert "Grace" in browser.find_element(By.ID, "edit-author").text
     high = browser.find_element(By.NAME, "healthy_high")
     high.clear()
     high.send_keys("0.25")
-    browser.find_element(By.NAME, "author").send_keys("Grace")
     browser.find_element(By.NAME, "note").send_keys("PPO clip fraction above 0.25 means too big a step")
     browser.find_element(By.ID, "save-definition").click()
     wait(browser).until(EC.presence_of_element_located((By.ID, "history")))

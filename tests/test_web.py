@@ -399,8 +399,17 @@ def test_definition_page_shows_semantics_aliases_runs_and_history(client, ids):
 def test_edit_definition_needs_csrf_and_records_a_version(db_app):
     app, _ = db_app
     c = app.test_client()
+    assert c.get("/dictionary/entropy/edit").status_code == 302  # to the login page
+    from registry.auth import create_user
+
+    create_user(app.extensions["rlregistry"], "Ada", "analytical-engine")
+    login_page = c.get("/login")
+    login_token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', text(login_page)).group(1)
+    assert c.post("/login", data={"username": "Ada", "password": "analytical-engine",
+                                  "csrf_token": login_token}).status_code == 302
     form_page = c.get("/dictionary/entropy/edit")
     assert form_page.status_code == 200
+    assert 'name="author"' not in text(form_page)  # the logged-in user is the author
     token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', text(form_page)).group(1)
     fields = dict(re.findall(r'<input[^>]*name="([a-z_]+)"[^>]*value="([^"]*)"', text(form_page)))
     fields.update({k: html.unescape(v) for k, v in re.findall(
@@ -410,7 +419,7 @@ def test_edit_definition_needs_csrf_and_records_a_version(db_app):
         select = re.search(rf'<select[^>]*name="{name}"[^>]*>(.*?)</select>', text(form_page), re.S).group(1)
         chosen = re.search(r'<option selected value="([^"]*)"', select) or re.search(r'<option value="([^"]*)" selected', select)
         fields[name] = chosen.group(1) if chosen else ""
-    fields.update({"healthy_low": "0.05", "author": "Ada", "note": "entropy below 0.05 is a collapse"})
+    fields.update({"healthy_low": "0.05", "note": "entropy below 0.05 is a collapse"})
 
     without_token = dict(fields)
     without_token.pop("csrf_token", None)

@@ -6,11 +6,20 @@ or ``REGISTRY`` to hand in an open :class:`~registry.store.Registry`). Templates
 top-level ``templates/`` folder, static files in ``registry/static/``.
 
 Blueprints: ``ui`` (runs table, run dashboard, comparison), ``dictionary`` (metric
-dictionary, edit form), ``plots`` (rendered images and their data), ``api`` (JSON under /api/).
+dictionary, edit form), ``plots`` (rendered images and their data), ``api`` (JSON reads under
+/api/), ``write_api`` (JSON writes and uploads under /api/), ``auth`` (login and logout).
+
+Security: every write view is guarded by :func:`registry.web.security.write_access_required`
+(API token or session login + CSRF token); reads need a login only with
+``REQUIRE_LOGIN_FOR_READS``. ``RLREG_ENV=production`` refuses to start without
+``RLREG_SECRET_KEY``. Bodies larger than ``MAX_CONTENT_LENGTH`` are refused with 413 from
+their ``Content-Length`` before a byte of them is read (a body without one is cut off at
+the limit while it streams).
 """
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +32,8 @@ from werkzeug.exceptions import HTTPException
 
 from config import Config, secret_key
 
-from ..errors import FilterSyntaxError, InputError, NotFoundError, RegistryError
+from ..auth import AuthError
+from ..errors import AlreadyRegisteredError, FilterSyntaxError, InputError, NotFoundError, RegistryError
 from ..store import Registry
 from .cache import DEFAULT_MAX_BYTES, PlotCache
 
@@ -46,11 +56,29 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.config.setdefault("PLOT_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES)
     app.config.setdefault("CONTENT_SECURITY_POLICY", DEFAULT_CSP)
     app.config["JSON_SORT_KEYS"] = False
+    # The environment as it is now (Config read it at import time; a server may set it later).
+    if os.environ.get("RLREG_ENV"):
+        app.config["PRODUCTION"] = os.environ["RLREG_ENV"] == "production"
+    if os.environ.get("RLREG_SECRET_KEY"):
+        app.config["SECRET_KEY"] = os.environ["RLREG_SECRET_KEY"]
+    if os.environ.get("RLREG_REQUIRE_LOGIN_FOR_READS"):
+        app.config["REQUIRE_LOGIN_FOR_READS"] = os.environ["RLREG_REQUIRE_LOGIN_FOR_READS"] == "1"
+    app.config.setdefault("UPLOAD_DIR", os.environ.get("RLREG_UPLOAD_DIR"))  # None: ./rlregistry-uploads
+    app.config.setdefault("MAX_UNPACKED_BYTES", int(os.environ.get(
+        "RLREG_MAX_UNPACKED_BYTES", str(4 * int(app.config["MAX_CONTENT_LENGTH"])))))
+    app.config.setdefault("MAX_ARCHIVE_MEMBERS", 10000)
+    app.config.setdefault("LOGIN_MAX_FAILURES_PER_USER", 5)
+    app.config.setdefault("LOGIN_MAX_FAILURES_PER_IP", 20)
+    app.config.setdefault("LOGIN_WINDOW_SECONDS", 300)
+    app.config["SESSION_COOKIE_HTTPONLY"] = True
+    app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
+    app.config.setdefault("SESSION_COOKIE_SECURE", os.environ.get("RLREG_SECURE_COOKIES", "0") == "1")
+    app.config.setdefault("PERMANENT_SESSION_LIFETIME", 12 * 3600)
     if test_config:
         app.config.update(test_config)
-    if not app.config.get("SECRET_KEY"):
-        app.config["SECRET_KEY"] = secret_key(SimpleNamespace(
-            SECRET_KEY=None, PRODUCTION=bool(app.config.get("PRODUCTION"))))
+    # Production: the configured secret or no start at all (config.secret_key raises).
+    app.config["SECRET_KEY"] = secret_key(SimpleNamespace(
+        SECRET_KEY=app.config.get("SECRET_KEY"), PRODUCTION=bool(app.config.get("PRODUCTION"))))
     app.json.sort_keys = False
 
     registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"))
@@ -61,6 +89,23 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.extensions["rlregistry.plot_cache"] = PlotCache(
         max_bytes=app.config["PLOT_CACHE_MAX_BYTES"], directory=app.config.get("PLOT_CACHE_DIR"))
 
+    from .security import FailureThrottle, Throttles, require_login_for_reads
+
+    window = float(app.config["LOGIN_WINDOW_SECONDS"])
+    app.extensions["rlregistry.throttle"] = Throttles(
+        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_USER"]), window),
+        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_IP"]), window))
+
+    @app.before_request
+    def _refuse_large_bodies():  # noqa: ANN202 - before CSRF, which would read the form
+        limit = app.config.get("MAX_CONTENT_LENGTH")
+        if limit and request.content_length is not None and request.content_length > limit:
+            from werkzeug.exceptions import RequestEntityTooLarge
+
+            raise RequestEntityTooLarge(
+                f"the request body is {request.content_length} bytes; the limit is {limit} bytes")
+
+    app.before_request(require_login_for_reads)
     csrf.init_app(app)
     _register_template_helpers(app)
     _register_error_handlers(app)
@@ -70,18 +115,24 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
         csp = app.config.get("CONTENT_SECURITY_POLICY")
         if csp:
             response.headers.setdefault("Content-Security-Policy", csp)
         return response
 
-    from . import api, dictionary_views, plots, views
+    from . import api, auth_views, dictionary_views, plots, views, write_api
 
     app.register_blueprint(views.bp)
     app.register_blueprint(dictionary_views.bp)
     app.register_blueprint(plots.bp)
+    app.register_blueprint(write_api.bp)
     app.register_blueprint(api.bp)
-    csrf.exempt(api.bp)  # read-only JSON; writes through the API will need token auth, not a form token
+    app.register_blueprint(auth_views.bp)
+    # JSON API: no form tokens. Writes there carry write_access_required, which asks a session
+    # login for the CSRF token (X-CSRFToken) and a bearer token for nothing more.
+    csrf.exempt(api.bp)
+    csrf.exempt(write_api.bp)
     return app
 
 
@@ -186,6 +237,10 @@ def _wants_json() -> bool:
 def _status_for(exc: RegistryError) -> int:
     if isinstance(exc, NotFoundError):
         return 404
+    if isinstance(exc, AuthError):
+        return 401
+    if isinstance(exc, AlreadyRegisteredError):
+        return 409
     return 400
 
 
@@ -207,9 +262,18 @@ def _register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):  # noqa: ANN202
+        extra = {k: v for k, v in exc.get_headers() if k.lower() in ("retry-after", "allow", "www-authenticate")}
         if _wants_json():
-            return jsonify({"error": exc.description or exc.name}), exc.code
-        return render_template("error.html", status=exc.code, message=exc.description, title=exc.name), exc.code
+            return jsonify({"error": exc.description or exc.name}), exc.code, extra
+        return (render_template("error.html", status=exc.code, message=exc.description, title=exc.name),
+                exc.code, extra)
+
+    @app.errorhandler(500)
+    def _server_error(exc: Exception):  # noqa: ANN202 - never a traceback or SQL in the answer
+        message = "internal server error"
+        if _wants_json():
+            return jsonify({"error": message}), 500
+        return render_template("error.html", status=500, message=message, title="Server error"), 500
 
 
 __all__ = ["create_app", "get_registry", "get_plot_cache", "FilterSyntaxError", "InputError"]

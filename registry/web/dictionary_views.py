@@ -9,6 +9,7 @@ from ..semantics import LAYERS
 from . import get_registry, queries
 from .curves import describe_semantics
 from .forms import DefinitionForm
+from .security import current_user, write_access_required
 
 bp = Blueprint("dictionary", __name__, url_prefix="/dictionary")
 
@@ -46,7 +47,9 @@ def definition(name: str):
 
 
 @bp.route("/<name>/edit", methods=["GET", "POST"])
+@write_access_required
 def edit(name: str):
+    """The edit form (login required); each save is a new version authored by the logged-in user."""
     reg = get_registry()
     current, _ = queries.definition_history(reg, name)
     form = DefinitionForm() if request.method == "POST" else DefinitionForm.for_definition(current)
@@ -54,7 +57,7 @@ def edit(name: str):
     if form.validate_on_submit():
         try:
             with reg.transaction() as session:
-                defn = update_definition(session, name, form.changes(), author=form.author.data.strip(),
+                defn = update_definition(session, name, form.changes(), author=current_user(),
                                          note=(form.note.data or "").strip())
                 new_version = defn.version
         except DefinitionError as exc:
@@ -66,4 +69,5 @@ def edit(name: str):
                 flash(f"Saved {name} as version {new_version}.", "success")
             return redirect(url_for("dictionary.definition", name=name) + "#history")
     status = 400 if request.method == "POST" else 200
-    return render_template("dictionary/edit.html", d=current, form=form, error=error), status
+    return render_template("dictionary/edit.html", d=current, form=form, error=error,
+                           current_user=current_user()), status

@@ -1,4 +1,7 @@
-"""Flask-WTF forms (every form carries a CSRF token)."""
+"""Flask-WTF forms (every form carries a CSRF token).
+
+The definition form has no author field: the logged-in user is recorded as the author.
+"""
 from __future__ import annotations
 
 import math
@@ -98,8 +101,6 @@ class DefinitionForm(FlaskForm):
     aliases = TextAreaField("Aliases (YAML list)", validators=[Optional()],
                             description="framework, key, and optionally algorithm, kl_estimator, averaging, "
                                         "normalization_axis, logging_point, sign, aggregation, source, notes")
-    author = StringField("Your name", validators=[DataRequired(), Length(max=200)],
-                         description="Recorded in the edit history")
     note = StringField("Why this change", validators=[Optional(), Length(max=2000)])
 
     def validate_task_ranges(self, field: TextAreaField) -> None:
