@@ -271,7 +271,12 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
             sem_text += f", sign={s['sign']:g}"
         if s["overrides"]:
             sem_text += " (run override: " + ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) + ")"
-        metrics.add_row(s["key"], s["definition"] or "[red]unmapped[/red]", s["layer"] or "", sem_text,
+        bound = "[red]unmapped[/red]"
+        if s["definition"]:
+            bound = f"{s['definition']} v{s['definition_version']}"
+            if s["definition_current_version"] != s["definition_version"]:
+                bound += f" (now v{s['definition_current_version']})"
+        metrics.add_row(s["key"], bound, s["layer"] or "", sem_text,
                         str(s["count"]), f"{s['nan_count']}/{s['inf_count']}", _fmt(s["first"]), _fmt(s["last"]),
                         _fmt(s["min"]), _fmt(s["max"]))
     console.print(metrics)

@@ -671,6 +671,7 @@ def series_to_dict(s: Series) -> dict[str, Any]:
         "definition": s.definition.name if s.definition else None,
         "layer": s.definition.layer if s.definition else None,
         "definition_version": s.definition_version,
+        "definition_current_version": s.definition.version if s.definition else None,
         "alias_framework": s.alias_framework,
         "sign": s.sign,
         "semantics": s.semantics,
