@@ -114,9 +114,7 @@ def _semantics(value: Any) -> dict[str, dict[str, Any]] | None:
 
 
 def _run_summary(run_id: str) -> dict[str, Any]:
-    detail = get_registry().run_detail(run_id)
-    detail.pop("series", None)
-    return clean(detail)
+    return clean(get_registry().run_detail(run_id))
 
 
 def _audit(action: str, target: str) -> None:
@@ -397,8 +395,8 @@ def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
         plan = []
         for info in infos:
             rel = member_path(info.filename, shown)
-            mode = info.external_attr >> 16
-            if stat.S_ISLNK(mode) or (mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))):
+            kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix type recorded (a plain file)
+            if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
                 raise InputError(f"member {info.filename[:80]!r} is a link or a special file", shown)
             if info.flag_bits & 0x1:
                 raise InputError(f"member {info.filename[:80]!r} is encrypted", shown)
