@@ -152,14 +152,17 @@ class RemoteRegistry:
         """Start a run (status ``running``) and return a handle that streams points into it."""
         body = {"name": name, "project": project, "algorithm": algorithm, "framework": framework, "task": task,
                 "params": dict(params or {}), "tags": list(tags or []), "code_version": code_version,
-                "run_id": run_id or uuid.uuid4().hex, "semantics": dict(semantics) if semantics else None}
+                "run_id": run_id or uuid.uuid4().hex}
         run = self.request("POST", "/api/runs", json_body=body)
-        return RemoteRun(self, run["id"], flush_points=flush_points, flush_seconds=flush_seconds)
+        return RemoteRun(self, run["id"], flush_points=flush_points, flush_seconds=flush_seconds,
+                         semantics=semantics)
 
-    def resume_run(self, ref: str, *, flush_points: int = 5000, flush_seconds: float = 10.0) -> RemoteRun:
+    def resume_run(self, ref: str, *, flush_points: int = 5000, flush_seconds: float = 10.0,
+                   semantics: Mapping[str, Mapping[str, Any]] | None = None) -> RemoteRun:
         """A handle for appending to an existing run (its series' last steps are fetched first)."""
         detail = self.run(ref)
-        handle = RemoteRun(self, detail["id"], flush_points=flush_points, flush_seconds=flush_seconds)
+        handle = RemoteRun(self, detail["id"], flush_points=flush_points, flush_seconds=flush_seconds,
+                           semantics=semantics)
         handle._last_step = {s["key"]: s["last_step"] for s in detail["series"] if s["last_step"] is not None}
         return handle
 
@@ -212,9 +215,10 @@ class RemoteRun:
     under the same ``batch_id`` until acknowledged."""
 
     def __init__(self, client: RemoteRegistry, run_id: str, *, flush_points: int = 5000,
-                 flush_seconds: float = 10.0):
+                 flush_seconds: float = 10.0, semantics: Mapping[str, Mapping[str, Any]] | None = None):
         self.client = client
         self.id = run_id
+        self.semantics = {k: dict(v) for k, v in (semantics or {}).items()}  # sent with the keys they cover
         self.flush_points = flush_points
         self.flush_seconds = flush_seconds
         self._buffer: dict[str, tuple[list[int], list[float | str], list[float]]] = {}
@@ -259,7 +263,11 @@ class RemoteRun:
         if not self._buffer:
             return
         points = {k: {"steps": s, "values": v, "wall_times": w} for k, (s, v, w) in self._buffer.items()}
-        self.pending.append({"batch_id": uuid.uuid4().hex, "points": points})
+        batch: dict[str, Any] = {"batch_id": uuid.uuid4().hex, "points": points}
+        semantics = {k: v for k, v in self.semantics.items() if k in points}
+        if semantics:
+            batch["semantics"] = semantics
+        self.pending.append(batch)
         self._buffer = {}
         self._buffered = 0
 

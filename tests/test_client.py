@@ -184,13 +184,16 @@ def test_lost_answers_are_resent_under_the_same_batch_id_and_not_applied_twice(s
     adapter = DropFirstAnswer()
     session.mount("http://", adapter)
     client = RemoteRegistry(srv.url, token, session=session, backoff_initial=0.01, backoff_max=0.05)
-    run = client.create_run("lost-answers", flush_points=250)
+    run = client.create_run("lost-answers", flush_points=250, framework="verl",
+                            semantics={"actor/ppo_kl": {"kl_estimator": "k3"}})
     steps = 500
     for step in range(1, steps + 1):
         run.log(step, {k: value(k, step) for k in KEYS})
     run.finish()
     assert adapter.dropped == run.duplicates == steps * len(KEYS) // 250
     check_exact(reg, run.id, steps)
+    kl = next(s for s in reg.run_detail(run.id)["series"] if s["key"] == "actor/ppo_kl")
+    assert kl["semantics"]["kl_estimator"] == "k3" and kl["overrides"] == {"kl_estimator": "k3"}
 
 
 def test_create_run_is_idempotent_and_errors_are_not_retried(server):

@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 from flask import Flask, current_app, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from markupsafe import Markup
+from sqlalchemy.exc import DataError
 from werkzeug.exceptions import HTTPException
 
 from config import Config, secret_key
@@ -104,6 +105,14 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
             raise RequestEntityTooLarge(
                 f"the request body is {request.content_length} bytes; the limit is {limit} bytes")
+
+    @app.before_request
+    def _refuse_nul_characters():  # noqa: ANN202 - PostgreSQL text cannot hold NUL: a clean 400, not a 500
+        values = [*request.args.keys(), *request.args.values(), *(request.view_args or {}).values()]
+        if request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            values += [*request.form.keys(), *request.form.values()]
+        if any(isinstance(v, str) and "\x00" in v for v in values):
+            raise InputError("the request contains a NUL character")
 
     app.before_request(require_login_for_reads)
     csrf.init_app(app)
@@ -267,6 +276,13 @@ def _register_error_handlers(app: Flask) -> None:
             return jsonify({"error": exc.description or exc.name}), exc.code, extra
         return (render_template("error.html", status=exc.code, message=exc.description, title=exc.name),
                 exc.code, extra)
+
+    @app.errorhandler(DataError)
+    def _data_error(exc: DataError):  # noqa: ANN202 - a value the database cannot store: the client's fault
+        message = "the database cannot store a value of this request"
+        if _wants_json():
+            return jsonify({"error": message}), 400
+        return render_template("error.html", status=400, message=message, title="Bad request"), 400
 
     @app.errorhandler(500)
     def _server_error(exc: Exception):  # noqa: ANN202 - never a traceback or SQL in the answer

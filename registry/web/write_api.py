@@ -62,8 +62,7 @@ MAX_KEY_LENGTH = 300
 INT64_MAX = 2**63 - 1
 NONFINITE = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
              "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
-RUN_FIELDS = ("name", "project", "algorithm", "framework", "task", "params", "tags", "code_version", "run_id",
-              "semantics")
+RUN_FIELDS = ("name", "project", "algorithm", "framework", "task", "params", "tags", "code_version", "run_id")
 OUTCOME_FIELDS = ("verdict", "scores", "notes", "checkpoints")
 SINGLE_FILE_SUFFIXES = {".csv": ".csv", ".jsonl": ".jsonl", ".ndjson": ".jsonl", ".json": ".json",
                         ".log": ".log", ".txt": ".txt"}
@@ -76,11 +75,23 @@ def _body(allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
     data = request.get_json(silent=True)
     if not isinstance(data, dict):
         raise InputError("the body must be a JSON object (Content-Type: application/json)")
+    if _has_nul(data):
+        raise InputError("the body contains a NUL character")
     if allowed is not None:
         unknown = sorted(set(data) - set(allowed))
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}")
     return data
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
@@ -148,7 +159,6 @@ def create_run() -> tuple[Response, int] | Response:
             name, project=_opt_str(data, "project") or "default", algorithm=_opt_str(data, "algorithm"),
             framework=_opt_str(data, "framework"), task=_opt_str(data, "task"), params=params,
             tags=_tags(data.get("tags")), code_version=_opt_str(data, "code_version"), run_id=run_id,
-            semantics=_semantics(data.get("semantics")),
         )
     except AlreadyRegisteredError:
         if run_id is None:
@@ -229,7 +239,7 @@ def _batch_applied(run_id: str, batch_id: str) -> bool:
 @bp.post("/runs/<ref>/metrics")
 @write_access_required
 def append_metrics(ref: str) -> Response:
-    data = _body(("batch_id", "points"))
+    data = _body(("batch_id", "points", "semantics"))
     batch_id = data.get("batch_id")
     if not isinstance(batch_id, str) or not BATCH_ID.match(batch_id):
         raise InputError("batch_id is required: 1-64 characters of A-Z a-z 0-9 . _ : - (a uuid4 is right)")
@@ -238,7 +248,7 @@ def append_metrics(ref: str) -> Response:
     with reg.read() as s:
         run_id = reg.resolve_run(s, ref).id
     try:
-        applied = reg.append(run_id, series, batch_id=batch_id)
+        applied = reg.append(run_id, series, batch_id=batch_id, overrides=_semantics(data.get("semantics")))
     except InputError:
         # A copy of this batch sent earlier (the client timed out and resent it) may have landed
         # while this one was checking step order: then this is a duplicate, not an error.
