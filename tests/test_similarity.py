@@ -303,3 +303,26 @@ def test_pgvector_candidate_stage_in_the_database(pgvector_registry: Registry):
     assert filtered.neighbours and all(kinds[n.run_id] == "stagnant" for n in filtered)
     stepwise = find_similar(reg, q, k=5, align="step")
     assert stepwise.engine == "numpy (step-aligned queries are not served by the pgvector index)"
+
+
+def test_cascade_equals_brute_force_when_its_pools_cover_the_corpus(registry: Registry):
+    kinds = family_corpus(registry)
+    n = len(kinds) - 1  # eligible runs: all but the query
+    for q in list(kinds)[::6]:
+        for kwargs in ({}, {"prefix": 0.25}, {"window": (0.2, 0.7)}, {"normalize": "raw"},
+                       {"metrics": "reward,entropy"}, {"weights": {"entropy": 2.0}}):
+            truth = brute_force(registry, q, k=5, **kwargs)
+            # stage 1 keeps every run, stage 1b (DTW on 64 points) orders them, the exact DTW sees them all
+            got = find_similar(registry, q, k=5, candidates=n, rerank=n, **kwargs)
+            assert got.stats["candidates"] == n and got.stats["half_dtw_computed"] == n
+            assert got.stats["reranked"] == n
+            assert [x.run_id for x in got] == [x.run_id for x in truth], (q, kwargs)
+            assert [x.distance for x in got] == pytest.approx([x.distance for x in truth], rel=1e-9)
+            # a smaller exact pool is approximate, but exact over its final candidates
+            small = find_similar(registry, q, k=5, candidates=n, rerank=8, **kwargs)
+            assert small.stats["reranked"] == 8 and small.stats["dtw_computed"] <= 8
+            every = {x.run_id: x.distance for x in brute_force(registry, q, k=n, **kwargs)}
+            assert [x.distance for x in small] == pytest.approx([every[x.run_id] for x in small], rel=1e-9)
+            assert [x.distance for x in small] == sorted(x.distance for x in small)
+    with pytest.raises(InputError, match="rerank"):
+        find_similar(registry, list(kinds)[0], rerank=0)
