@@ -16,7 +16,7 @@ alignment, windows, raw scale, exact mode) use the NumPy path and say so in ``en
 
 Stage 1b (elastic pre-rank): banded DTW_D on the candidates' grids averaged over pairs of
 points (64 points, band 5, about 1/6 of the exact cost) orders the C candidates; the best
-``max(RERANK_MIN, RERANK_PER_K * k)`` (80 for k = 10; all of them for collections of at
+``max(RERANK_MIN, RERANK_PER_K * k)`` (100 for k = 10; all of them for collections of at
 most 200 runs) go on. (Measured on the benchmark corpus, where hundreds of runs of a kind
 sit within 10% of the 10th-best distance: the stage-1 score and DTW on the PAA-32 vectors
 both rank the exact top 10 poorly; the warping at 64 points ranks them well.)
@@ -60,8 +60,8 @@ CANDIDATE_SHARE = 0.04
 #: Stage 1b band on the 64-point halved grids (measured: 5 ranks as well as 6 or 7, cheaper).
 HALF_WINDOW = 5
 #: Exact-DTW pool behind stage 1b: max(RERANK_MIN, RERANK_PER_K * k) of the stage-1 candidates.
-RERANK_MIN = 80
-RERANK_PER_K = 8
+RERANK_MIN = 100
+RERANK_PER_K = 10
 #: Whole-run float64 stacks kept per corpus (one per metric list).
 STACK_CACHE = 4
 _STACK_LOCK = threading.Lock()
