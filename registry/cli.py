@@ -605,7 +605,8 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
         table.add_row(str(n.rank), n.name, f"{n.distance:.3g}",
                       *(_fmt(n.metric_distances.get(m)) for m in result.metrics), n.verdict or "",
                       ", ".join(f"{a}={_fmt(b)}" for a, b in n.scores.items()), diff)
-    console.print(table)
+    if result.neighbours:
+        console.print(table)
     for group in result.excluded:
         names = [r["name"] for r in group.get("runs", [])]
         example = f" (e.g. {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else ""

@@ -32,8 +32,10 @@ Queries:
   ``result.excluded`` lists each group with the differences ("KL estimator: k3 vs k1").
   A different logging point only warns.
 
-Engine (see ``search``): PAA-32 candidate stage (NumPy, or pgvector HNSW on PostgreSQL),
-then exact banded DTW (dtaidistance C) in LB_Keogh order with early abandoning.
+Engine (see ``search``): a PAA-32 candidate stage (vectorised NumPy over cached per-process
+matrices, or pgvector HNSW on PostgreSQL), a cheap elastic pre-rerank (banded DTW on grids
+halved to 64 points), then exact 128-point banded DTW (dtaidistance C) on the final pool with
+early abandoning against the current k-th best. Results are exact over that pool.
 Embeddings (``index``) are kept current by ``refresh_embeddings(session, run_id)``, which
 the store calls after each write, and recomputed for a new ``EMBEDDING_VERSION`` by
 ``rebuild_embeddings(registry)``.
