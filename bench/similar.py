@@ -24,11 +24,22 @@ from each synthetic run's first 25%, the majority verdict of its 10 nearest (mat
 their first 25%) against the run's final verdict, next to always guessing the most common
 verdict.
 
+Backends (``--backend``): ``sqlite`` (default; a temporary file per size), ``postgresql``
+(plain PostgreSQL: NumPy candidate stage) and ``pgvector`` (PostgreSQL with pgvector: the
+candidate stage is an HNSW search inside the database; the run fails unless
+``SimilarResult.engine`` says ``pgvector hnsw``). For the PostgreSQL backends ``--db`` is an
+admin URL (default: the CI servers, 5432 plain and 5433 with pgvector); each size gets its
+own throwaway database (``rlreg_bench_<pid>_<N>``), dropped afterwards. On pgvector the HNSW
+indexes are dropped for the bulk load and rebuilt after it (the build time is printed). The
+table ends with the growth of the p50 latency from each size to the next (and the
+corresponding factor in N), which shows whether latency grows sub-linearly.
+
 Targets (exit status 1 when one is missed): at 10,000 runs recall@10 >= 0.95, p50 < 50 ms
 (SQLite), search speedup >= 100x; precision@5 above the share of the largest family; the
 prefix prediction beats the majority-verdict baseline.
 
     .venv/bin/python bench/similar.py [--sizes 1000,10000,100000] [--queries 60] [--procs 2]
+        [--backend sqlite|postgresql|pgvector] [--db postgresql+psycopg://user:pw@host:port/db]
 """
 from __future__ import annotations
 
@@ -63,6 +74,8 @@ PPO_KINDS = ("healthy", "kl_blowup", "entropy_collapse", "reward_std_zero", "val
 FAMILIES = {"healthy": "healthy", "entropy_collapse": "collapse", "kl_blowup": "collapse", "stagnant": "stagnant"}
 SB3_LABELS = {"cartpole_healthy_s0": "healthy", "cartpole_lr_too_high_5e-2": "collapse",
               "cartpole_tiny_lr_1e-6": "stagnant", "pendulum_default_s0": "stagnant"}
+PG_DEFAULT = {"postgresql": "postgresql+psycopg://rlreg:rlreg@127.0.0.1:5432/rlreg_test",
+              "pgvector": "postgresql+psycopg://rlreg:rlreg@127.0.0.1:5433/rlreg_vec"}
 SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": ("train/approx_kl", 1.0),
             "entropy": ("train/entropy_loss", -1.0)}
 
@@ -103,15 +116,31 @@ def _corpus_chunk(args: tuple[int, int, int]) -> list[tuple[dict, list[dict]]]:
     return out
 
 
-def build_corpus(reg: Registry, n: int, procs: int, base_seed: int = 1) -> float:
-    """Bulk-load n runs; returns seconds taken."""
+def _hnsw_indexes(reg: Registry) -> list[tuple[str, str]]:
+    from sqlalchemy import text
+
+    with reg.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'curve_embeddings' "
+            "AND indexdef ILIKE '%USING hnsw%' AND schemaname = current_schema()"))]
+
+
+def build_corpus(reg: Registry, n: int, procs: int, base_seed: int = 1) -> tuple[float, float]:
+    """Bulk-load n runs; returns seconds taken for the load and for (re)building HNSW indexes."""
+    from sqlalchemy import text
+
     t0 = time.perf_counter()
+    vectors = X.has_vector_columns(reg.engine)
+    hnsw = _hnsw_indexes(reg) if vectors else []
+    if hnsw:  # bulk load without the graph indexes, build them once afterwards
+        with reg.engine.begin() as conn:
+            for name, _ in hnsw:
+                conn.execute(text(f'DROP INDEX "{name}"'))
     with reg.read() as s:
         index = AliasIndex.load(s)
     semantics = {m: index.bind(m).semantics for m in METRICS}
     chunk = 500
     tasks = [(a, min(a + chunk, n), base_seed) for a in range(0, n, chunk)]
-    vectors = X.has_vector_columns(reg.engine)
     ctx = mp.get_context("fork")
     with ctx.Pool(procs) as pool:
         for part in pool.imap_unordered(_corpus_chunk, tasks):
@@ -120,7 +149,17 @@ def build_corpus(reg: Registry, n: int, procs: int, base_seed: int = 1) -> float
                 rows = [X.feature_row(run["id"], m, feats, semantics=semantics[m], series_id=None, complete=True)
                         for run, feats_list in part for m, feats in feats_list]
                 X.insert_rows(conn, rows, vectors)
-    return time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if hnsw:
+        with reg.engine.begin() as conn:
+            conn.execute(text("SET LOCAL maintenance_work_mem = '512MB'"))
+            conn.execute(text(f"SET LOCAL max_parallel_maintenance_workers = {max(procs - 1, 0)}"))
+            for _, ddl in hnsw:
+                conn.execute(text(ddl))
+        with reg.engine.begin() as conn:
+            conn.execute(text("ANALYZE curve_embeddings"))
+            conn.execute(text("ANALYZE runs"))
+    return t1 - t0, time.perf_counter() - t1
 
 
 def register_queries(reg: Registry, n: int, seed0: int) -> list[str]:
@@ -144,11 +183,14 @@ def pct(xs: list[float], q: float) -> float:
 
 def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
     reg = Registry(url)
-    load_s = build_corpus(reg, n, args.procs)
+    if args.backend == "pgvector" and X.pgvector_status(reg.engine) != "ready":
+        raise SystemExit(f"--backend pgvector: {url} has no pgvector columns ({X.pgvector_status(reg.engine)})")
+    load_s, index_s = build_corpus(reg, n, args.procs)
     queries = register_queries(reg, args.queries, seed0=10_000_000)
     t = time.perf_counter()
     find_similar(reg, queries[0], k=10)  # fills the per-process cache
     cache_s = time.perf_counter() - t
+    engines: Counter = Counter()
     recalls, totals, searches, brute_searches, brute_totals, dtws, cands = [], [], [], [], [], [], []
     reranked: list[int] = []
     stages: dict[str, list[float]] = {}
@@ -159,6 +201,7 @@ def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
         t = time.perf_counter()
         truth = brute_force(reg, q, k=10)
         brute_wall = (time.perf_counter() - t) * 1e3
+        engines[res.engine.split(" (")[0] if res.engine.startswith("pgvector") else res.engine] += 1
         got = {x.run_id for x in res.neighbours}
         want = {x.run_id for x in truth.neighbours}
         recalls.append(len(got & want) / max(1, len(want)))
@@ -174,7 +217,7 @@ def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
     engine = res.engine
     reg.close()
     return {
-        "n": n, "load_s": load_s, "cache_s": cache_s, "recall": float(np.mean(recalls)),
+        "n": n, "load_s": load_s, "index_s": index_s, "cache_s": cache_s, "engines": dict(engines), "recall": float(np.mean(recalls)),
         "min_recall": float(np.min(recalls)), "p50": pct(totals, 50), "p95": pct(totals, 95),
         "search_p50": pct(searches, 50), "brute_p50": pct(brute_searches, 50),
         "speedup": statistics.median(brute_searches) / statistics.median(searches),
@@ -232,6 +275,35 @@ def bench_quality(url: str, per_family_kind: int) -> dict:
             "verdicts": dict(Counter(verdicts.values())), "real_nearest": real_hits}
 
 
+class _Database:
+    """A URL for one corpus size: a temporary SQLite file, or a throwaway PostgreSQL database."""
+
+    def __init__(self, args: argparse.Namespace, tmp: str, name: str) -> None:
+        self.admin = None
+        if args.backend == "sqlite":
+            self.url = f"sqlite:///{Path(tmp) / f'{name}.db'}"
+            return
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        admin_url = make_url(args.db or PG_DEFAULT[args.backend])
+        self.db = f"rlreg_bench_{os.getpid()}_{name}"
+        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.db}"'))
+        self.url = admin_url.set(database=self.db).render_as_string(hide_password=False)
+
+    def drop(self) -> None:
+        if self.admin is None:
+            return
+        from sqlalchemy import text
+
+        X._vector_support.clear()
+        with self.admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000,10000", help="corpus sizes, comma-separated (e.g. 1000,10000,100000)")
@@ -240,6 +312,10 @@ def main() -> int:
     ap.add_argument("--per-kind", type=int, default=30, help="labeled synthetic runs per kind (quality part)")
     ap.add_argument("--preload-grids", type=int, default=None,
                     help=f"override index.GRID_PRELOAD_ROWS (default {X.GRID_PRELOAD_ROWS})")
+    ap.add_argument("--backend", choices=("sqlite", "postgresql", "pgvector"), default="sqlite",
+                    help="where the corpus lives (PostgreSQL: a throwaway database per size on --db's server)")
+    ap.add_argument("--db", default=None, help="admin URL of the PostgreSQL server (default: "
+                    f"{PG_DEFAULT['postgresql']} / {PG_DEFAULT['pgvector']})")
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
     if args.preload_grids is not None:
@@ -249,20 +325,25 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            url = f"sqlite:///{Path(tmp) / f'corpus{n}.db'}"
-            r = bench_size(n, args, url)
+            db = _Database(args, tmp, f"corpus{n}")
+            try:
+                r = bench_size(n, args, db.url)
+            finally:
+                db.drop()
             rows.append(r)
-            print(f"N={n:>7,}: load {r['load_s']:.0f}s, cache fill {r['cache_s'] * 1e3:.0f} ms, "
+            print(f"N={n:>7,} [{args.backend}]: load {r['load_s']:.0f}s, HNSW build {r['index_s']:.0f}s, cache fill {r['cache_s'] * 1e3:.0f} ms, "
                   f"recall@10 {r['recall']:.3f} (min {r['min_recall']:.1f}), p50 {r['p50']:.1f} ms, "
                   f"p95 {r['p95']:.1f} ms, search p50 {r['search_p50']:.2f} ms vs brute {r['brute_p50']:.0f} ms "
                   f"= {r['speedup']:.0f}x search (end-to-end wall {r['p50']:.1f} vs {r['brute_total_p50']:.0f} ms "
                   f"= {r['speedup_total']:.0f}x), C={r['candidates']}, exact pool {r['reranked']}, "
                   f"DTWs {r['dtw']}, engine {r['engine']}", flush=True)
             print("          stage p50 ms: " + ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms"].items()), flush=True)
+            if args.backend == "pgvector" and set(r["engines"]) != {"pgvector hnsw"}:
+                failures.append(f"N={n}: not every query used the pgvector index: {r['engines']}")
             if n == 10_000:
                 if r["recall"] < 0.95:
                     failures.append(f"recall@10 {r['recall']:.3f} < 0.95 at 10k")
-                if r["p50"] >= 50:
+                if r["p50"] >= 50 and args.backend == "sqlite":
                     failures.append(f"p50 {r['p50']:.1f} ms >= 50 ms at 10k")
                 if r["speedup"] < 100:
                     failures.append(f"speedup {r['speedup']:.0f}x < 100x at 10k")
@@ -275,6 +356,15 @@ def main() -> int:
             print(f"| {r['n']:,} | {r['recall']:.3f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['search_p50']:.2f} | "
                   f"{r['brute_p50']:.0f} | {r['speedup']:.0f}x | {r['brute_total_p50']:.0f} | "
                   f"{r['speedup_total']:.1f}x | {r['candidates']} | {r['reranked']} | {r['dtw']} |")
+        if len(rows) > 1:
+            print()
+            print(f"latency growth [{args.backend}, engine {rows[-1]['engine'].split(' (')[0]}]:")
+            print("| from -> to | N factor | p50 wall growth | p95 growth | search p50 growth | brute-force growth |")
+            print("|---|---|---|---|---|---|")
+            for a, b in zip(rows, rows[1:]):
+                print(f"| {a['n']:,} -> {b['n']:,} | {b['n'] / a['n']:.0f}x | {b['p50'] / a['p50']:.2f}x | "
+                      f"{b['p95'] / a['p95']:.2f}x | {b['search_p50'] / a['search_p50']:.2f}x | "
+                      f"{b['brute_p50'] / a['brute_p50']:.2f}x |")
         if not args.skip_quality:
             q = bench_quality(f"sqlite:///{Path(tmp) / 'quality.db'}", args.per_kind)
             print()
