@@ -32,6 +32,7 @@ neither files nor rows behind; a registered one keeps its files (the run's ``sou
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -128,8 +129,12 @@ def _run_summary(run_id: str) -> dict[str, Any]:
     return clean(get_registry().run_detail(run_id))
 
 
+AUDIT = logging.getLogger("rlregistry.audit")
+
+
 def _audit(action: str, target: str) -> None:
-    current_app.logger.info("%s by %s: %s", action, current_user(), target)
+    """One line per write, naming the acting user (configure the ``rlregistry.audit`` logger to keep them)."""
+    AUDIT.info("%s by %s: %s", action, current_user(), target)
 
 
 # --- runs ----------------------------------------------------------------------------
