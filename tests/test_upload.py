@@ -360,3 +360,10 @@ def send_streaming_raw(port: int, token: str, total: int):
     answer = sock.recv(65536)
     sock.close()
     return int(answer.split(b" ", 2)[1]), answer, sent, time.monotonic() - started
+
+
+def test_nul_characters_in_upload_fields_are_400(env):
+    post, reg, uploads, _, _ = env
+    assert "NUL" in post(b"step,x\n1,1\n", "a.csv", status=400, name="bad\x00name")["error"]
+    assert "NUL" in post(b"step,x\n1,1\n", "a.csv", status=400, params='{"k": "v\\u0000"}')["error"]
+    assert reg.list_runs()[1] == 0 and files_under(uploads) == []

@@ -491,6 +491,8 @@ def _form_json(name: str) -> dict[str, Any] | None:
         raise InputError(f"{name} must be a JSON object: {exc}") from None
     if not isinstance(value, dict):
         raise InputError(f"{name} must be a JSON object")
+    if _has_nul(value):
+        raise InputError(f"{name} contains a NUL character")
     return value
 
 
@@ -515,6 +517,8 @@ def upload() -> tuple[Response, int]:
     if len(files) != 1 or len(request.files) != 1:
         raise InputError("send exactly one file, as the multipart part named 'file'")
     upload_file = files[0]
+    if _has_nul([*request.form.keys(), *request.form.values(), upload_file.filename or ""]):
+        raise InputError("the form contains a NUL character")
     shown = _display_name(upload_file.filename)
     fmt = (request.form.get("format") or "").strip() or None
     on_disorder = (request.form.get("on_disorder") or "error").strip()
