@@ -337,3 +337,31 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class RunFindings(Base):
+    """The stored result of a run's automatic diagnosis (``registry.health``), so listings never diagnose.
+
+    A row is *fresh* while ``data_version`` equals the run's, ``dictionary_stamp`` the metric
+    dictionary's (count, sum of versions, max id of its definitions), ``baseline_stamp`` the
+    run's task baseline (its ``updated_at``, ``""`` without one) and ``engine_version``
+    ``health.DIAGNOSIS_VERSION``; otherwise it is *stale* and recomputed on the next read that
+    can afford it. ``summary`` holds what a runs table shows (one-liners, the shaded step
+    spans per metric); ``diagnosis`` the whole ``Diagnosis.to_dict()``.
+    """
+
+    __tablename__ = "run_findings"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    data_version: Mapped[int] = mapped_column(Integer)
+    dictionary_stamp: Mapped[str] = mapped_column(String(64))
+    baseline_stamp: Mapped[str] = mapped_column(String(64), default="")
+    engine_version: Mapped[int] = mapped_column(Integer)
+    worst_severity: Mapped[str | None] = mapped_column(String(20))  # None: no finding at all
+    n_info: Mapped[int] = mapped_column(Integer, default=0)
+    n_warning: Mapped[int] = mapped_column(Integer, default=0)
+    n_critical: Mapped[int] = mapped_column(Integer, default=0)
+    last_step: Mapped[int | None] = mapped_column(BigInteger)  # the last step diagnosed
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    diagnosis: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    computed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -414,6 +414,7 @@ class Registry:
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
                 warnings=warnings, replaced=replaced,
             )
+        _refresh_findings(self, result.run_id)
         return result
 
     def register_arrays(
@@ -445,12 +446,14 @@ class Registry:
             bindings = self._write_series(session, run, index, series, semantics)
             if outcome:
                 self._apply_outcome(session, run, **outcome)
-            return RegistrationResult(
+            result = RegistrationResult(
                 run_id=run.id, name=run.name, framework=fw, source_format="api",
                 series_count=len(series), point_count=sum(len(s) for s in series.values()),
                 mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
             )
+        _refresh_findings(self, result.run_id)
+        return result
 
     # --- outcome and status -----------------------------------------------------
 
@@ -504,6 +507,9 @@ class Registry:
             run.data_version += 1
             session.flush()
             _refresh_embeddings(session, run.id)
+            run_id = run.id
+        if status != "running":
+            _refresh_findings(self, run_id)
 
     # --- reads ------------------------------------------------------------------
 
@@ -637,6 +643,22 @@ def _refresh_embeddings(session: Session, run_id: str) -> None:
     from .similarity import refresh_embeddings
 
     refresh_embeddings(session, run_id)
+
+
+def _refresh_findings(registry: Registry, run_id: str) -> None:
+    """Diagnose a run that was just registered or finished and store its findings (after the commit).
+
+    A failure is logged, never raised: the registration stands, and the run is diagnosed
+    when it is next read (``registry.health``).
+    """
+    from .health import refresh_findings
+
+    try:
+        refresh_findings(registry, run_id)
+    except Exception as exc:  # noqa: BLE001 - diagnosis must never fail a registration
+        import logging
+
+        logging.getLogger(__name__).warning("run %s registered; its diagnosis failed: %s", run_id, exc)
 
 
 def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:

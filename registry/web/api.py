@@ -130,6 +130,105 @@ def definition(name: str) -> Response:
     return jsonify(clean(out))
 
 
+@bp.get("/runs/<ref>/diagnosis")
+def run_diagnosis(ref: str) -> Response:
+    """The run's diagnosis on its data as it is now (the stored one when current, else computed)."""
+    from ..health import current_findings
+
+    reg = get_registry()
+    with reg.read() as session:
+        run = reg.resolve_run(session, ref)
+        run_id, name, status, data_version, task = run.id, run.name, run.status, run.data_version, run.task
+    found = current_findings(reg, run_id, data_version=data_version, task=task)
+    body = {
+        "run_id": run_id, "name": name, "status": status, "task": task, "data_version": data_version,
+        "computed_at": found.computed_at.isoformat() if found.computed_at else None,
+        "n_info": found.n_info, "n_warning": found.n_warning, "n_critical": found.n_critical,
+        **(found.diagnosis or {}),
+    }
+    return jsonify(clean(body))
+
+
+def _bool_arg(name: str) -> bool:
+    raw = (request.args.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise InputError(f"{name} must be true or false; got {raw!r}")
+
+
+def _portion_arg(name: str) -> float | int | None:
+    """A fraction of training (``0.25``, ``25%``) or a step count (``2000``)."""
+    raw = (request.args.get(name) or "").strip()
+    if not raw:
+        return None
+    percent = raw.endswith("%")
+    try:
+        value = float(raw.rstrip("%"))
+    except ValueError:
+        raise InputError(f"{name} must be a fraction (0.25), a percentage (25%) or a step count; got {raw!r}") \
+            from None
+    if not math.isfinite(value):
+        raise InputError(f"{name} must be finite; got {raw!r}")
+    if percent:
+        value /= 100.0
+    return int(value) if value > 1 and value.is_integer() else value
+
+
+@bp.get("/runs/<ref>/similar")
+def run_similar(ref: str) -> Response:
+    """The k historical runs whose curves look most like this run's, and how they ended."""
+    from .panels import search_similar
+
+    window = None
+    raw_window = (request.args.get("window") or "").strip()
+    if raw_window:
+        parts = [p.strip() for p in raw_window.split(",")]
+        if len(parts) != 2:
+            raise InputError(f"window must be START,END; got {raw_window!r}")
+        window = tuple(_portion_arg_text(p) for p in parts)
+    outcome = [v for v in request.args.getlist("outcome") if v] or None
+    reg = get_registry()
+    with reg.read() as session:
+        run = reg.resolve_run(session, ref)
+        run_id, status = run.id, run.status
+    result = search_similar(
+        reg, run_id, status=status, metrics=request.args.get("metrics") or None, k=_int_arg("k", 10, 1, 100),
+        prefix=_portion_arg("prefix"), window=window, align=request.args.get("align") or "fraction",
+        normalize=request.args.get("normalize") or "z", where=request.args.get("where") or None,
+        same_task=_bool_arg("same_task"), same_project=_bool_arg("same_project"),
+        same_algorithm=_bool_arg("same_algorithm"), outcome=outcome,
+    )
+    return jsonify(clean(result.to_dict()))
+
+
+def _portion_arg_text(raw: str) -> float | int:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(f"window bounds must be numbers; got {raw!r}") from None
+    return int(value) if value > 1 and value.is_integer() else value
+
+
+@bp.get("/baselines")
+def baselines() -> Response:
+    """Every task that has runs or a baseline, with who built the baseline and when."""
+    from ..health import list_baselines
+
+    return jsonify({"baselines": clean(list_baselines(get_registry()))})
+
+
+@bp.get("/baselines/<path:task>")
+def baseline(task: str) -> Response:
+    """A task's health baseline: per metric the early and mid bands and the warning signal."""
+    from ..health import baseline_history, require_baseline
+
+    reg = get_registry()
+    profile, meta = require_baseline(reg, task)
+    return jsonify(clean({**profile.to_dict(), **meta, "history": baseline_history(reg, task)}))
+
+
 @bp.route("/<path:anything>")
 def not_found(anything: str) -> Response:
     abort(404, f"no API endpoint /api/{anything}")

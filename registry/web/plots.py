@@ -4,12 +4,19 @@ Every image is cached under a content key: the runs' ids and ``data_version``, t
 metric, the current version of its definition (healthy range and smoothing default come
 from there), and every display option. The key's digest is the ETag, so a browser that
 already has the image gets ``304 Not Modified`` before anything is read or drawn.
+
+A run's plot also shades the step ranges of the diagnosis' findings on that metric
+(warning amber, critical red); the spans are part of its key, so a new diagnosis (new
+points, a dictionary edit, a rebuilt baseline) is a new picture. The dashboard hands the
+spans it just read to the image requests that follow (:class:`SpanMemo`).
 """
 from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Callable
+import threading
+import time
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from flask import Blueprint, Response, abort, current_app, request
@@ -34,7 +41,7 @@ from .smoothing import describe
 bp = Blueprint("plots", __name__, url_prefix="/plots")
 
 # Bump when rendering changes, so persistent (disk) caches do not serve old pictures.
-RENDER_VERSION = 3
+RENDER_VERSION = 4
 
 
 def _format() -> str:
@@ -79,21 +86,82 @@ def _run_key(sref: queries.SeriesRef, opts: SmoothOptions, what: str) -> tuple:
             sref.definition_version, sref.task, opts.key())
 
 
+Span = tuple[int, int, str, str]  # start step, end step, severity, detector
+
+
+class SpanMemo:
+    """Findings spans per metric of the runs the dashboard just showed, for a couple of seconds."""
+
+    def __init__(self, ttl: float = 2.0, max_entries: int = 1024):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[float, int, dict[str, list[Span]]]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, run_id: str, data_version: int, spans: dict[str, list[Span]]) -> None:
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[run_id] = (time.monotonic(), data_version, spans)
+
+    def get(self, run_id: str, data_version: int) -> dict[str, list[Span]] | None:
+        with self._lock:
+            hit = self._entries.get(run_id)
+        if hit is None or hit[1] != data_version or time.monotonic() - hit[0] >= self.ttl:
+            return None
+        return hit[2]
+
+
+def span_memo() -> SpanMemo:
+    memo = current_app.extensions.get("rlregistry.spans")
+    if memo is None:
+        memo = current_app.extensions.setdefault(
+            "rlregistry.spans", SpanMemo(ttl=float(current_app.config.get("PLOT_REF_TTL", 2.0))))
+    return memo
+
+
+def finding_spans(reg: Any, sref: queries.SeriesRef) -> list[Span]:
+    """The diagnosis' warning and critical findings on this series' metric (its current diagnosis)."""
+    if sref.definition_name is None:
+        return []  # unmapped keys are not diagnosed
+    memo = span_memo()
+    per_metric = memo.get(sref.run_id, sref.data_version)
+    if per_metric is None:
+        from ..health import current_findings
+
+        try:
+            found = current_findings(reg, sref.run_id, data_version=sref.data_version, task=sref.task)
+        except Exception:  # noqa: BLE001 - the plot is still worth drawing without its findings
+            current_app.logger.exception("diagnosis of run %s failed; plot drawn without findings", sref.run_id)
+            return []
+        per_metric = {m: [tuple(s) for s in v] for m, v in (found.summary.get("spans") or {}).items()}
+        memo.put(sref.run_id, sref.data_version, per_metric)
+    return [tuple(s) for s in per_metric.get(sref.definition_name, [])]  # type: ignore[misc]
+
+
+def _spans_key(spans: Sequence[Span]) -> str:
+    return digest(tuple(tuple(s) for s in spans)) if spans else ""
+
+
 @bp.get("/run/<ref>")
 def run_plot(ref: str) -> Response:
-    """One series of one run: raw points light, smoothed line dark, healthy band."""
+    """One series of one run: raw points light, smoothed line dark, healthy band, findings shaded."""
     key = _required("key")
     opts = SmoothOptions.from_args(request.args)
     fmt = _format()
     reg = get_registry()
     sref = current_app.extensions["rlregistry.refs"].get(ref, key) or queries.series_ref(reg, ref, key)
+    spans = finding_spans(reg, sref)
 
     def make() -> bytes:
         data = reg.read_series(sref.run_id, sref.key)
         spec, _ = run_plot_spec(data, sign=sref.sign, definition=sref.definition(reg), task=sref.task, opts=opts)
+        spec.spans = [(float(a), float(b), sev, det) for a, b, sev, det in spans]
         return render(spec, fmt)
 
-    return _conditional(digest(_run_key(sref, opts, "run-plot") + (fmt,)), FORMATS[fmt], make)
+    return _conditional(digest(_run_key(sref, opts, "run-plot") + (fmt, _spans_key(spans))), FORMATS[fmt], make)
 
 
 @bp.get("/run/<ref>/data.<fmt>")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,6 +24,8 @@ SINGLE_SMOOTH = "#17467f"
 HEALTHY_FILL = "#dcf0d5"
 HEALTHY_EDGE = "#6aa85a"
 WARNING_RED = "#b3261e"
+# Findings of the run's diagnosis, shaded over their step range (fill, and the strip along the top).
+SPAN_COLORS = {"critical": ("#f6c9c4", "#c5221f"), "warning": ("#fbe3b0", "#d98a00")}
 FORMATS = {"png": "image/png", "svg": "image/svg+xml"}
 
 
@@ -75,6 +78,7 @@ class PlotSpec:
     height: float = 2.6
     dpi: int = 110
     fraction_axis: bool = False
+    spans: list[tuple[float, float, str, str]] = field(default_factory=list)  # (start, end, severity, label)
 
 
 def _limits(spec: PlotSpec) -> tuple[float, float] | None:
@@ -95,6 +99,35 @@ def _limits(spec: PlotSpec) -> tuple[float, float] | None:
     else:
         pad = span * 0.06
     return lo - pad, hi + pad
+
+
+def _x_extent(spec: PlotSpec) -> tuple[float, float] | None:
+    xs = [t.raw_x if t.raw_x is not None and len(t.raw_x) else t.smooth_x for t in spec.traces]
+    xs = [x for x in xs if x is not None and len(x)]
+    if not xs:
+        return None
+    return float(min(x[0] for x in xs)), float(max(x[-1] for x in xs))
+
+
+def _draw_spans(ax: Any, spec: PlotSpec) -> None:
+    """Findings as shaded step ranges: a light fill over the plot and a strong strip along its top.
+
+    A finding at a single step (a KL spike) gets a minimum width of 1% of the x range so
+    it stays visible; critical ones are drawn over warnings.
+    """
+    extent = _x_extent(spec)
+    width = (extent[1] - extent[0]) if extent and extent[1] > extent[0] else 1.0
+    order = sorted(spec.spans, key=lambda s: s[2] == "critical")
+    for start, end, severity, label in order:
+        fill, edge = SPAN_COLORS.get(severity, SPAN_COLORS["warning"])
+        x0, x1 = float(start), float(end)
+        if x1 - x0 < 0.01 * width:
+            mid = (x0 + x1) / 2
+            x0, x1 = mid - 0.005 * width, mid + 0.005 * width
+        ax.axvspan(x0, x1, color=fill, alpha=0.45, zorder=0.5, linewidth=0)
+        ax.axvspan(x0, x1, ymin=0.965, ymax=1.0, color=edge, zorder=6, linewidth=0)
+        if x1 - x0 <= 0.012 * width:
+            ax.axvline((x0 + x1) / 2, color=edge, linewidth=0.8, alpha=0.8, zorder=2)
 
 
 def render(spec: PlotSpec, fmt: str = "png") -> bytes:
@@ -131,6 +164,9 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
             for bound in (low, high):
                 if bound is not None:
                     ax.axhline(bound, color=HEALTHY_EDGE, linewidth=0.7, linestyle=(0, (4, 3)), zorder=1)
+
+    if spec.spans:
+        _draw_spans(ax, spec)
 
     for trace in spec.traces:
         if trace.band_x is not None and len(trace.band_x):

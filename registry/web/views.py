@@ -1,15 +1,24 @@
-"""Pages: the runs table, a run's dashboard, and the comparison of several runs."""
+"""Pages: the runs table, a run's dashboard, the comparison of several runs, and health baselines.
+
+Write views (building a task's baseline, editing one metric's bands) are plain Flask-WTF
+form views (CSRF token required); each is one function, so a login guard is one decorator
+line on it.
+"""
 from __future__ import annotations
 
 import math
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from flask import Blueprint, current_app, render_template, request, url_for
+from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from flask_wtf import FlaskForm
+from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, TextAreaField, widgets
+from wtforms.validators import Length, Optional, ValidationError
 
 from ..dictionary import healthy_range_for
-from ..errors import FilterSyntaxError, InputError
+from ..errors import FilterSyntaxError, InputError, NotFoundError
 from ..filters import ORDERABLE
+from ..health import findings_for_runs
 from ..models import RUN_STATUSES, VERDICTS
 from ..semantics import LAYERS, QUANTITIES
 from . import get_registry, panels, queries
@@ -158,6 +167,11 @@ def runs():
             cell = per.get(name)
             value = cell["value"] if cell else None
             r["metric_cells"].append({"value": value, "health": health(value, defs.get(name), r.get("task"))})
+    findings = findings_for_runs(
+        reg, rows, refresh=int(current_app.config.get("FINDINGS_REFRESH_PER_REQUEST", 3)),
+        budget_s=float(current_app.config.get("FINDINGS_REFRESH_BUDGET_MS", 60)) / 1000.0)
+    for r in rows:
+        r["findings"] = findings_cell(findings.get(r["id"]), r)
     pages = max(1, math.ceil(total / size))
     return render_template(
         "runs.html", rows=rows, total=total, page=page, pages=pages, size=size, q=q, quick=quick, order=order,
@@ -166,6 +180,33 @@ def runs():
         sort_columns=SORT_COLUMNS, orderable=set(ORDERABLE), first=(page - 1) * size + 1 if total else 0,
         last_index=min(total, page * size), metric_names=sorted(defs),
     ), status_code
+
+
+def findings_cell(found: Any, run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the runs table's Findings column shows for one run (``health.StoredFindings``)."""
+    if found is None or found.state == "missing":
+        return {"state": "missing", "label": "not yet diagnosed", "title": "This run has not been diagnosed yet; "
+                "opening its dashboard diagnoses it (the table diagnoses a few runs per page view)."}
+    if found.state == "error":
+        return {"state": "error", "label": "diagnosis failed", "title": found.error or ""}
+    n = found.n_problems
+    lines = found.lines
+    if n:
+        parts = [f"{c} {sev}" for c, sev in ((found.n_critical, "critical"), (found.n_warning, "warning")) if c]
+        head = f"{n} problem{'s' if n != 1 else ''} ({', '.join(parts)})"
+        severity, label = found.worst_severity, f"{found.worst_severity} \u00b7 {n}"
+    elif not (found.summary.get("metrics_checked") or 0):
+        head, severity, label = "no mapped metrics to diagnose", "none", "no metrics"
+    else:
+        head = "no problems found" + (f" ({found.n_info} informational)" if found.n_info else "")
+        severity, label = "ok", "ok"
+    stale = found.state == "stale"
+    if stale:
+        why = ("new points or an outcome arrived since" if found.data_version != run.get("data_version")
+               else "the dictionary or the task baseline changed since")
+        head = f"as diagnosed earlier ({why}; open the run for the current diagnosis): " + head
+    return {"state": found.state, "severity": severity, "label": label, "count": n, "stale": stale,
+            "title": "\n".join([head, *lines])}
 
 
 def _quantity_rank(definition: Mapping[str, Any] | None) -> int:
@@ -248,15 +289,45 @@ def run_dashboard(ref: str):
     for cards in layers.values():
         cards.sort(key=lambda c: (_quantity_rank(c["definition"]), c["name"] or "", c["key"]))
     unmapped.sort(key=lambda c: c["key"])
+    diagnosis = panels.diagnosis_panel(reg, run)
+    marks = diagnosis.get("severity_by_metric", {}) if isinstance(diagnosis, Mapping) else {}
+    if isinstance(diagnosis, Mapping) and "spans" in diagnosis:
+        from .plots import span_memo
+
+        span_memo().put(run["id"], run["data_version"], diagnosis["spans"])
+    _anchor_cards(layers, run, marks)
     flagged = [c for cards in layers.values() for c in cards if c["health"] in ("low", "high")]
     in_range = sum(1 for cards in layers.values() for c in cards if c["health"] == "ok")
     nonfinite = [c for cards in (*layers.values(), unmapped) for c in cards if c["nonfinite"]]
     return render_template(
         "run.html", run=run, layers=layers, unmapped=unmapped, opts=opts, flagged=flagged, in_range=in_range,
         nonfinite=nonfinite, methods=METHOD_LABELS,
-        diagnosis=panels.diagnosis_panel(reg, run), similar=panels.similar_panel(reg, run),
-        compare_with=[run["id"]],
+        diagnosis=diagnosis, similar=panels.similar_panel(reg, run),
+        compare_with=[run["id"]], open_diagnostic=any(c.get("mark") for c in layers.get("diagnostic", [])),
+        sim_args={k: v for k, v in request.args.items() if k.startswith("sim_") or k == "sim"},
     )
+
+
+def _anchor_cards(layers: Mapping[str, list[dict[str, Any]]], run: Mapping[str, Any],
+                  marks: Mapping[str, Mapping[str, Any]]) -> None:
+    """Give each metric's card the anchor findings link to, and its findings' severity.
+
+    When two raw keys bind to one definition, the anchor goes to the one with more points
+    (the series diagnosis reads, as ``Registry.canonical_curves`` does).
+    """
+    counts = {}
+    for s in run.get("series") or []:
+        name = s.get("definition")
+        if name and (s.get("count") or 0) > counts.get(name, (-1, ""))[0]:
+            counts[name] = (s.get("count") or 0, s["key"])
+    i = 0
+    for cards in layers.values():
+        for c in cards:
+            i += 1
+            name = c.get("name")
+            primary = name is not None and counts.get(name, (0, None))[1] == c["key"]
+            c["anchor"] = panels.metric_anchor(name) if primary else f"plot-{i}-{name}"
+            c["mark"] = marks.get(name) if name else None
 
 
 def _selected_runs() -> list[str]:
@@ -310,3 +381,232 @@ def compare():
         diff_rows=diff_rows, same_keys=same_keys, warnings=warnings, methods=METHOD_LABELS,
         normalizations=NORMALIZATION_LABELS, run_ids=run_ids,
     )
+
+
+# --- health baselines --------------------------------------------------------------------
+
+try:  # WTForms >= 3.3 deprecates (value, label) tuples
+    from wtforms.fields.choices import SelectChoice
+except ImportError:  # pragma: no cover - older WTForms
+    SelectChoice = None
+
+
+def _choice(value: str, label: str) -> Any:
+    return SelectChoice(value, label) if SelectChoice is not None else (value, label)
+
+
+def acting_user() -> str | None:
+    """The logged-in user once the app has logins (``registry.web.security``); None until then."""
+    try:
+        from .security import current_user
+    except ImportError:
+        return None
+    try:
+        return current_user()
+    except Exception:  # noqa: BLE001 - no login machinery, no user
+        return None
+
+
+class _Checkboxes(SelectMultipleField):
+    widget = widgets.ListWidget(prefix_label=False)
+    option_widget = widgets.CheckboxInput()
+
+
+class BaselineBuildForm(FlaskForm):
+    runs = _Checkboxes("Learn from these runs", choices=[], validate_choice=True)
+    keep_edits = BooleanField("Keep the bands the team edited by hand", default=True)
+    author = StringField("Your name", validators=[Optional(), Length(max=200)],
+                         description="Recorded with the baseline")
+    note = StringField("Why (optional)", validators=[Optional(), Length(max=2000)])
+
+    def validate_runs(self, field: SelectMultipleField) -> None:
+        if not field.data:
+            raise ValidationError("tick at least one run to learn from")
+
+
+def _finite(field: FloatField) -> None:
+    if field.data is not None and not math.isfinite(field.data):
+        raise ValidationError("must be a finite number")
+
+
+class BandEditForm(FlaskForm):
+    early_low = FloatField("Early: low", validators=[Optional()])
+    early_high = FloatField("Early: high", validators=[Optional()])
+    mid_low = FloatField("Mid: low", validators=[Optional()])
+    mid_high = FloatField("Mid: high", validators=[Optional()])
+    warning = TextAreaField("Warning signal", validators=[Optional(), Length(max=2000)],
+                            description="What it means when a run leaves the band")
+    author = StringField("Your name", validators=[Optional(), Length(max=200)],
+                         description="Recorded in the baseline's history")
+    note = StringField("Why this change", validators=[Optional(), Length(max=2000)])
+
+    def validate(self, extra_validators: Any = None) -> bool:
+        ok = super().validate(extra_validators)
+        for phase in ("early", "mid"):
+            low, high = getattr(self, f"{phase}_low"), getattr(self, f"{phase}_high")
+            for f in (low, high):
+                try:
+                    _finite(f)
+                except ValidationError as exc:
+                    f.errors = [*f.errors, str(exc)]
+                    ok = False
+            if (low.data is None) != (high.data is None):
+                (low if low.data is None else high).errors = [
+                    "give both bounds, or leave both empty to drop this phase's band"]
+                ok = False
+            elif low.data is not None and high.data is not None and low.data > high.data:
+                high.errors = [*high.errors, "must not be below the low bound"]
+                ok = False
+        return ok
+
+    def band(self, phase: str) -> tuple[float, float] | None:
+        low, high = getattr(self, f"{phase}_low").data, getattr(self, f"{phase}_high").data
+        return None if low is None or high is None else (float(low), float(high))
+
+
+def _author(form: FlaskForm) -> str | None:
+    return acting_user() or ((form.author.data or "").strip() or None)
+
+
+def _task_runs(reg: Any, task: str) -> tuple[list[dict[str, Any]], set[str]]:
+    from ..health import _quote, healthy_runs
+
+    rows, _ = reg.list_runs(where=f'task="{_quote(task)}"', order_by="name", limit=500)
+    healthy = {r["id"] for r in healthy_runs(reg, task)}
+    return rows, healthy
+
+
+def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuildForm, list[dict[str, Any]], set[str]]:
+    rows, healthy = _task_runs(reg, task)
+    current = None
+    try:
+        from ..health import require_baseline
+
+        _, meta = require_baseline(reg, task)
+        current = set(meta["source_runs"] or [])
+    except NotFoundError:
+        pass
+    form = BaselineBuildForm(formdata=formdata) if formdata is not None else BaselineBuildForm(
+        runs=[r["id"] for r in rows if r["id"] in (current if current else healthy)])
+    form.runs.choices = [_choice(r["id"], r["name"]) for r in rows]
+    return form, rows, healthy
+
+
+def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, status: int = 200,
+                   error: str | None = None):
+    from ..health import baseline_history, edited_metrics, require_baseline
+
+    reg = get_registry()
+    try:
+        profile, meta = require_baseline(reg, task)
+    except NotFoundError:
+        profile, meta = None, None
+    form, rows, healthy = _build_form(reg, task)
+    if build_form is not None:
+        build_form.runs.choices = form.runs.choices
+        form = build_form
+    history = baseline_history(reg, task)
+    edited = edited_metrics(history)
+    names = {r["id"]: r for r in rows}
+    sources = []
+    if meta:
+        missing = [rid for rid in meta["source_runs"] if rid not in names]
+        extra = {}
+        if missing:
+            with reg.read() as session:
+                from sqlalchemy import select
+
+                from ..models import Run
+
+                extra = {rid: {"id": rid, "name": name, "verdict": verdict} for rid, name, verdict in session.execute(
+                    select(Run.id, Run.name, Run.verdict).where(Run.id.in_(missing)))}
+        sources = [names.get(rid) or extra.get(rid) or {"id": rid, "name": rid[:12], "verdict": None, "gone": True}
+                   for rid in meta["source_runs"]]
+    defs = queries.definition_summaries(reg, sorted(profile.metrics) if profile else [])
+    metrics = []
+    if profile:
+        for name, mb in sorted(profile.metrics.items(), key=lambda kv: (
+                LAYERS.index(defs[kv[0]]["layer"]) if kv[0] in defs and defs[kv[0]]["layer"] in LAYERS else 9,
+                kv[0])):
+            metrics.append({"name": name, "early": mb.early, "mid": mb.mid, "warning": mb.warning,
+                            "n_runs": mb.n_runs, "definition": defs.get(name), "edited": edited.get(name)})
+    return render_template(
+        "baseline.html", task=task, profile=profile, meta=meta, metrics=metrics, sources=sources, form=form,
+        rows=rows, rows_by_id=names, healthy=healthy, history=list(reversed(history))[:30], error=error,
+        user=acting_user(),
+    ), status
+
+
+@bp.get("/baselines")
+def baselines():
+    """Every task with its baseline (or the lack of one)."""
+    from ..health import list_baselines
+
+    return render_template("baselines.html", tasks=list_baselines(get_registry()))
+
+
+@bp.get("/baselines/<path:task>")
+def baseline(task: str):
+    """A task's health baseline: metric, early band, mid band, warning signal; sources; build form."""
+    return _baseline_page(task)
+
+
+@bp.post("/baselines/<path:task>/build")
+def baseline_build(task: str):
+    """Learn (or re-learn) the task's baseline from the ticked runs."""
+    from ..health import build_task_baseline
+
+    reg = get_registry()
+    form, _, _ = _build_form(reg, task, formdata=request.form)
+    author = _author(form)
+    if not form.validate_on_submit() or author is None:
+        if author is None and not form.author.errors:
+            form.author.errors = [*form.author.errors, "say who builds it (recorded with the baseline)"]
+        return _baseline_page(task, form, 400)
+    try:
+        profile = build_task_baseline(reg, task, form.runs.data, author=author, keep_edits=form.keep_edits.data,
+                                      note=(form.note.data or "").strip())
+    except InputError as exc:
+        return _baseline_page(task, form, 400, error=str(exc))
+    flash(f"Built the {task} baseline: {len(profile.metrics)} metrics from {len(form.runs.data)} run(s).", "success")
+    return redirect(url_for("ui.baseline", task=task))
+
+
+@bp.route("/baselines/<path:task>/metrics/<metric>/edit", methods=["GET", "POST"])
+def baseline_edit(task: str, metric: str):
+    """Tune one metric's early and mid bands (and its warning text) by hand."""
+    from ..health import edit_baseline_metric, require_baseline
+
+    reg = get_registry()
+    profile, meta = require_baseline(reg, task)
+    mb = profile.metrics.get(metric)
+    if mb is None:
+        raise NotFoundError(f"the {task} baseline has no metric {metric!r}")
+    if request.method == "POST":
+        form = BandEditForm()
+    else:
+        form = BandEditForm(early_low=mb.early.low if mb.early else None, early_high=mb.early.high if mb.early else None,
+                            mid_low=mb.mid.low if mb.mid else None, mid_high=mb.mid.high if mb.mid else None,
+                            warning=mb.warning)
+    error = None
+    if form.validate_on_submit():
+        author = _author(form)
+        if author is None:
+            form.author.errors = ["say who changes it (recorded in the history)"]
+        else:
+            try:
+                entry = edit_baseline_metric(reg, task, metric, author=author, note=(form.note.data or "").strip(),
+                                             early=form.band("early"), mid=form.band("mid"),
+                                             warning=(form.warning.data or "").replace("\r\n", "\n"))
+            except InputError as exc:
+                error = str(exc)
+            else:
+                if entry is None:
+                    flash(f"Nothing changed for {metric}.", "info")
+                else:
+                    flash(f"Saved {metric}: {', '.join(entry['changes'])} changed by {author}.", "success")
+                return redirect(url_for("ui.baseline", task=task) + f"#metric-{metric}")
+    status = 400 if request.method == "POST" else 200
+    definition = queries.definition_summaries(reg, [metric]).get(metric)
+    return render_template("baseline_edit.html", task=task, metric=metric, mb=mb, profile=profile, meta=meta,
+                           form=form, error=error, definition=definition, user=acting_user()), status
