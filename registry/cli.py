@@ -710,7 +710,8 @@ def _serve(url: str, host: str, port: int) -> None:
 
     app = create_app({"DATABASE_URL": url})
     click.echo(f"serving on http://{host}:{port}/  (Ctrl-C to stop)")
-    waitress_serve(app, host=host, port=port, threads=8)
+    # Waitress enforces the upload limit itself, before spooling a body to disk.
+    waitress_serve(app, host=host, port=port, threads=8, max_request_body_size=app.config["MAX_CONTENT_LENGTH"])
 
 
 @cli.command()

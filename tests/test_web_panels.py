@@ -343,9 +343,32 @@ def csrf_token(page: str) -> str:
     return re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page).group(1)
 
 
+def _login(client, username: str, password: str) -> None:
+    token = csrf_token(text(client.get("/login")))
+    assert client.post("/login", data={"username": username, "password": password, "csrf_token": token}).status_code == 302
+
+
+def _logout(client) -> None:
+    token = re.search(r'id="logout-form">\s*<input type="hidden" name="csrf_token" value="([^"]+)"',
+                      text(client.get("/runs"))).group(1)
+    assert client.post("/logout", data={"csrf_token": token}).status_code == 302
+
+
+def test_baseline_writes_need_a_login(fresh):
+    reg, _ = fresh
+    c = make_app(reg).test_client()
+    assert c.post("/baselines/CartPole-v1/build", data={}).status_code == 302  # to the login page
+    assert c.get("/baselines/CartPole-v1/metrics/kl_old_mean/edit").status_code == 302
+
+
 def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
+    from registry.auth import create_user
+
     reg, ids = fresh
     c = make_app(reg).test_client()  # CSRF on
+    create_user(reg, "Ada", "analytical-engine")
+    create_user(reg, "Grace", "compiler-first")
+    _login(c, "Ada", "analytical-engine")
     healthy, bad = ids["cartpole_healthy_s0"], ids["cartpole_lr_too_high_5e-2"]
     dash = text(c.get(f"/runs/{bad}"))
     assert 'id="baseline-link" href="/baselines/CartPole-v1"' in dash and "no baseline for CartPole-v1 yet" in dash
@@ -369,6 +392,8 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     assert f'href="/runs/{healthy}">cartpole_healthy_s0</a>' in table  # source runs
     assert "last change by <strong>Ada</strong>" in page
     # Edit one band: recorded with author, note and the values before and after.
+    _logout(c)
+    _login(c, "Grace", "compiler-first")
     edit = text(c.get("/baselines/CartPole-v1/metrics/kl_old_mean/edit"))
     fields = dict(re.findall(r'<input[^>]*name="([a-z_]+)"[^>]*value="([^"]*)"', edit))
     fields["warning"] = html.unescape(re.search(r'<textarea[^>]*name="warning"[^>]*>\s*(.*?)</textarea>', edit, re.DOTALL).group(1))
@@ -394,6 +419,8 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     assert "compared with baseline of CartPole-v1" in dash
     assert 'id="baseline-findings"' in section(dash, "diagnosis-panel")
     # Rebuilding keeps the hand edit unless told otherwise.
+    _logout(c)
+    _login(c, "Ada", "analytical-engine")
     token = csrf_token(text(c.get("/baselines/CartPole-v1")))
     c.post("/baselines/CartPole-v1/build", data={"runs": [healthy], "author": "Ada", "keep_edits": "y", "csrf_token": token})
     assert c.get("/api/baselines/CartPole-v1").get_json()["metrics"]["kl_old_mean"]["mid"]["high"] == 0.03
