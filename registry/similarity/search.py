@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from dtaidistance import dtw, dtw_ndim
-from sqlalchemy import func, select, text, true
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, selectinload
 
 from ..errors import InputError

@@ -21,7 +21,7 @@ from ..semantics import FIELD_LABELS, SEMANTIC_FIELDS, semantic_differences
 from ..series import SeriesData
 from . import smoothing
 from .downsample import DISPLAY_POINTS, MAX_POINTS, downsample_indices
-from .plotting import PALETTE, SINGLE_RAW, SINGLE_SMOOTH, PlotSpec, Trace, light
+from .plotting import PALETTE, SINGLE_RAW, SINGLE_SMOOTH, PlotSpec, Trace
 
 DEFAULT_WINDOW = 10
 ALIGNMENTS = ("step", "fraction")
