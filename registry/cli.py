@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -12,24 +11,15 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import AlreadyRegisteredError, InputError, RegistryError
+from .jsonsafe import json_safe
 
 # Piped output (files, grep, tests) gets wide tables instead of 80-column folding.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(_jsonable(value), indent=2, allow_nan=False, default=str))
+    click.echo(json.dumps(json_safe(value), indent=2, allow_nan=False, default=str))
 
 
 class RegistryGroup(click.Group):

@@ -1,10 +1,11 @@
 """What a similar-run search returns: ranked neighbours with their hyperparameters and outcomes."""
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..jsonsafe import json_safe
 
 VERDICT_VERBS = {
     "success": "succeeded", "failed": "failed", "diverged": "diverged", "inconclusive": "were inconclusive",
@@ -16,14 +17,7 @@ VERDICT_VERBS_ONE = {
 }
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
+_clean = json_safe
 
 
 @dataclass

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from flask import Blueprint, Response, abort, jsonify, request
 
 from ..errors import InputError
+from ..jsonsafe import json_safe
 from . import get_registry, queries
+from .curves import int_arg
 from .downsample import MAX_POINTS, downsample_indices
 
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -23,30 +24,11 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
 
 
-def clean(value: Any) -> Any:
-    """JSON-safe: NaN/Inf become null, datetimes ISO 8601 text."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
+clean = json_safe
 
 
 def _int_arg(name: str, default: int, low: int, high: int) -> int:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name} must be a whole number; got {raw!r}") from None
-    if not low <= value <= high:
-        raise InputError(f"{name} must be between {low} and {high}; got {value}")
-    return value
+    return int_arg(request.args, name, default, low, high)
 
 
 @bp.get("/openapi.yaml")

@@ -43,7 +43,8 @@ def _choice(args: Mapping[str, str], name: str, allowed: Sequence[str], default:
     return value
 
 
-def _int(args: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
+def int_arg(args: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
+    """A whole-number query parameter within [low, high]; InputError naming it otherwise."""
     raw = (args.get(name) or "").strip()
     if not raw:
         return default
@@ -69,9 +70,9 @@ class SmoothOptions:
     def from_args(cls, args: Mapping[str, str]) -> SmoothOptions:
         return cls(
             method=_choice(args, "smooth", smoothing.METHODS, "ema"),
-            window=_int(args, "window", None, 1, smoothing.MAX_WINDOW),
+            window=int_arg(args, "window", None, 1, smoothing.MAX_WINDOW),
             ignore_outliers=(args.get("outliers") or "") in ("ignore", "1", "on", "true"),
-            points=_int(args, "points", DISPLAY_POINTS, 10, MAX_POINTS) or DISPLAY_POINTS,
+            points=int_arg(args, "points", DISPLAY_POINTS, 10, MAX_POINTS) or DISPLAY_POINTS,
         )
 
     def window_for(self, definition: Mapping[str, Any] | None) -> int:
