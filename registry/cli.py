@@ -569,7 +569,7 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
             align: str, normalize: str, where: str | None, same_task: bool, same_project: bool,
             same_algorithm: bool, outcomes: tuple[str, ...], as_json: bool) -> None:
     """Which past runs looked like this one, and how did they end?"""
-    from .similarity import find_similar
+    from .similarity import find_similar_for_run
 
     span = None
     if window:
@@ -577,8 +577,10 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
         if len(parts) != 2:
             raise InputError(f"--window {window!r} must be START,END")
         span = (parts[0], parts[1])
-    result = find_similar(
-        open_from(ctx), run, metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span, align=align,
+    reg = open_from(ctx)
+    detail = reg.run_detail(run)
+    result = find_similar_for_run(
+        reg, detail["id"], status=detail["status"], metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span, align=align,
         normalize=normalize, where=where, same_task=same_task, same_project=same_project,
         same_algorithm=same_algorithm, outcome=list(outcomes) or None,
     )

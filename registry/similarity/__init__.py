@@ -43,9 +43,10 @@ the store calls after each write, and recomputed for a new ``EMBEDDING_VERSION``
 from .features import EMBEDDING_VERSION, compute_features
 from .index import pgvector_status, rebuild_embeddings, refresh_embeddings
 from .result import Neighbour, SimilarResult
-from .search import brute_force, find_similar, resolve_metrics
+from .search import brute_force, find_similar, find_similar_for_run, resolve_metrics
 
 __all__ = [
     "EMBEDDING_VERSION", "Neighbour", "SimilarResult", "brute_force", "compute_features", "find_similar",
+    "find_similar_for_run",
     "pgvector_status", "rebuild_embeddings", "refresh_embeddings", "resolve_metrics",
 ]

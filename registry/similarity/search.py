@@ -1006,3 +1006,33 @@ def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: 
     engine = (f"pgvector hnsw ({col}, ef_search={ef}, iterative_scan=relaxed_order, "
               f"{len(pool)} runs from the index)")
     return corpus, engine, n_filtered
+
+
+def find_similar_for_run(registry: Any, run_id: str, *, status: str | None = None, **query: Any) -> Any:
+    """``find_similar``, and for a running run whose fraction-of-plan prefix cannot be cut, the steps so far.
+
+    A running run with a planned length (``total_timesteps``) is matched by default on the
+    same fraction of training; when its metrics start at different steps (SB3 logs
+    ``rollout/*`` from the first rollout, ``train/*`` from the second) that portion can end
+    past a metric's last step and the search refuses it. The run is then matched, as a run
+    without a planned length is, on the steps it has logged so far (a warning says so).
+    """
+    try:
+        return find_similar(registry, run_id, **query)
+    except InputError as exc:
+        default = (query.get("prefix") is None and query.get("window") is None
+                   and query.get("align", "fraction") == "fraction")
+        if status != "running" or not default or "only reaches step" not in str(exc):
+            raise
+        reason = str(exc)
+    last = _last_common_step(registry, run_id)
+    result = find_similar(registry, run_id, **{**query, "prefix": last, "align": "step"})
+    result.warnings.append(f"matched on the first {last:,} steps logged so far: the same fraction of the planned "
+                           f"training cannot be cut for every metric ({reason})")
+    return result
+
+
+def _last_common_step(registry: Any, run_id: str) -> int:
+    with registry.read() as session:
+        return int(session.scalar(select(func.min(Series.last_step)).where(
+            Series.run_id == run_id, Series.definition_id.is_not(None), Series.count > 0)) or 0)

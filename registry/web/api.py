@@ -161,7 +161,7 @@ def _portion_arg(name: str) -> float | int | None:
 @bp.get("/runs/<ref>/similar")
 def run_similar(ref: str) -> Response:
     """The k historical runs whose curves look most like this run's, and how they ended."""
-    from .panels import search_similar
+    from ..similarity import find_similar_for_run
 
     window = None
     raw_window = (request.args.get("window") or "").strip()
@@ -175,7 +175,7 @@ def run_similar(ref: str) -> Response:
     with reg.read() as session:
         run = reg.resolve_run(session, ref)
         run_id, status = run.id, run.status
-    result = search_similar(
+    result = find_similar_for_run(
         reg, run_id, status=status, metrics=request.args.get("metrics") or None, k=_int_arg("k", 10, 1, 100),
         prefix=_portion_arg("prefix"), window=window, align=request.args.get("align") or "fraction",
         normalize=request.args.get("normalize") or "z", where=request.args.get("where") or None,

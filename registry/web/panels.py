@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from flask import request, url_for
 
 from ..errors import InputError, NotFoundError
+from ..similarity import find_similar_for_run
 from ..store import Registry
 
 log = logging.getLogger(__name__)
@@ -251,42 +252,6 @@ def _short_metric(name: str) -> str:
     return name.replace("_", " ")
 
 
-def search_similar(registry: Registry, run_id: str, *, status: str | None = None, **query: Any) -> Any:
-    """``find_similar``, and for a running run whose fraction-of-plan prefix cannot be cut, the steps so far.
-
-    A running run with a planned length (``total_timesteps``) is matched by default on the
-    same fraction of training; when its metrics start at different steps (SB3 logs
-    ``rollout/*`` from the first rollout, ``train/*`` from the second) that portion can end
-    past a metric's last step and the search refuses it. The run is then matched, as a run
-    without a planned length is, on the steps it has logged so far (a warning says so).
-    """
-    from ..similarity import find_similar
-
-    try:
-        return find_similar(registry, run_id, **query)
-    except InputError as exc:
-        default = (query.get("prefix") is None and query.get("window") is None
-                   and query.get("align", "fraction") == "fraction")
-        if status != "running" or not default or "only reaches step" not in str(exc):
-            raise
-        reason = str(exc)
-    last = _last_common_step(registry, run_id)
-    result = find_similar(registry, run_id, **{**query, "prefix": last, "align": "step"})
-    result.warnings.append(f"matched on the first {last:,} steps logged so far: the same fraction of the planned "
-                           f"training cannot be cut for every metric ({reason})")
-    return result
-
-
-def _last_common_step(registry: Registry, run_id: str) -> int:
-    from sqlalchemy import func, select
-
-    from ..models import Series
-
-    with registry.read() as session:
-        return int(session.scalar(select(func.min(Series.last_step)).where(
-            Series.run_id == run_id, Series.definition_id.is_not(None), Series.count > 0)) or 0)
-
-
 def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | None:
     """Nearest historical runs and how they ended, ready for ``panels/similar.html``."""
     opts = similar_options(request.args)
@@ -303,7 +268,7 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
         key = (registry.url, run["id"], run["data_version"], tuple(sorted(query.items())), _corpus_stamp(registry))
         result = _SIMILAR.get(key)
         if result is None:
-            result = search_similar(registry, run["id"], status=run.get("status"), **query)
+            result = find_similar_for_run(registry, run["id"], status=run.get("status"), **query)
             _SIMILAR.put(key, result)
     except (InputError, NotFoundError) as exc:
         panel["error"] = str(exc)
