@@ -5,6 +5,8 @@ browser is a broken setup and the tests fail.
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import re
 import shutil
@@ -34,21 +36,29 @@ from werkzeug.serving import make_server  # noqa: E402
 WAIT = 20
 
 
+@contextlib.contextmanager
+def serve(app):
+    """The app on 127.0.0.1 at a random port, in a thread; yields its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The app on 127.0.0.1 (random port) over a temporary SQLite registry with the fixture runs."""
+    """The app over a temporary SQLite registry with the fixture runs."""
     reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('browser') / 'registry.db'}")
     ids = fill_registry(reg)
     from registry.auth import create_user
 
     create_user(reg, "Grace", "flow-matic-1959")
-    app = create_app({"REGISTRY": reg, "SECRET_KEY": "browser-test"})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", ids
-    server.shutdown()
-    thread.join(5)
+    with serve(create_app({"REGISTRY": reg, "SECRET_KEY": "browser-test"})) as url:
+        yield url, ids
     reg.close()
 
 

@@ -4,16 +4,13 @@ Reuses the browser fixture and helpers of ``test_browser`` (skipped, or failing 
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
 import test_browser  # skips this module too when there is no chromedriver (outside CI)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from test_browser import images_loaded, no_console_errors, wait
+from test_browser import images_loaded, no_console_errors, serve, wait
 from test_web_panels import register_sb3
 from test_web_support import fill_registry
-from werkzeug.serving import make_server
 
 from registry import Registry
 from registry.web import create_app
@@ -30,13 +27,8 @@ def panel_site(tmp_path_factory):
     reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('browser-panels') / 'registry.db'}")
     ids = fill_registry(reg)
     ids.update(register_sb3(reg, SB3_RUNS))
-    app = create_app({"REGISTRY": reg, "SECRET_KEY": "browser-panels"})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", ids
-    server.shutdown()
-    thread.join(5)
+    with serve(create_app({"REGISTRY": reg, "SECRET_KEY": "browser-panels"})) as url:
+        yield url, ids
     reg.close()
 
 

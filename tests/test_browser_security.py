@@ -7,12 +7,7 @@ where a payload that reached the DOM would also show up as a CSP violation in th
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import threading
 import time
-from pathlib import Path
 from urllib.parse import quote, urlencode
 
 import pytest
@@ -21,17 +16,10 @@ from registry import Registry
 from registry.auth import create_token, create_user
 from registry.web import create_app
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM = "/usr/bin/chromium"
-
-if not Path(CHROMEDRIVER).exists() and not os.environ.get("CI"):
-    pytest.skip("no /usr/bin/chromedriver (install chromium-driver)", allow_module_level=True)
-
-from selenium import webdriver  # noqa: E402
+import test_browser  # noqa: E402 - skips this module too when there is no chromedriver (outside CI)
 from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from werkzeug.serving import make_server  # noqa: E402
+from test_browser import serve  # noqa: E402
 
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = '"><img src=x onerror="window.__xss=1">'
@@ -88,31 +76,12 @@ def site(request, tmp_path_factory):
         config["CONTENT_SECURITY_POLICY"] = None
     app = create_app(config)
     ids = register_hostile_runs(app.test_client(), token)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", ids, request.param
-    server.shutdown()
-    thread.join(5)
+    with serve(app) as url:
+        yield url, ids, request.param
     reg.close()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    profile = tempfile.mkdtemp(prefix="rlreg-chrome-xss-")
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    if Path(CHROMIUM).exists():
-        options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+browser = test_browser.browser  # the module-scoped headless Chromium fixture
 
 
 def assert_no_script_ran(driver, url: str, expect_error_status: bool = False) -> str:
