@@ -226,6 +226,23 @@ class Registry:
 
     # --- series writes ----------------------------------------------------------
 
+    def _alias_index(self, session: Session) -> AliasIndex:
+        """The dictionary's alias index, rebuilt only when a definition was added, removed or edited.
+
+        Every edit bumps a definition's version and its update time, so the stamp (count, highest id,
+        sum of versions, latest update) changes with it; the check is one aggregate query instead of
+        loading every definition and alias for each streamed batch.
+        """
+        stamp = tuple(session.execute(
+            select(func.count(MetricDefinition.id), func.max(MetricDefinition.id),
+                   func.coalesce(func.sum(MetricDefinition.version), 0), func.max(MetricDefinition.updated_at))
+        ).one())
+        cached = getattr(self, "_cached_index", None)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, AliasIndex.load(session))
+            self._cached_index = cached
+        return cached[1]
+
     def _bind(
         self, index: AliasIndex, key: str, framework: str | None, algorithm: str | None,
         overrides: Mapping[str, Mapping[str, Any]] | None,
@@ -333,7 +350,7 @@ class Registry:
                 if session.get(IngestBatch, (run.id, batch_id)) is not None:
                     return False
                 session.add(IngestBatch(run_id=run.id, batch_id=batch_id))
-            self._write_series(session, run, AliasIndex.load(session), data, overrides)
+            self._write_series(session, run, self._alias_index(session), data, overrides)
             return True
 
     # --- registration from files -------------------------------------------------
@@ -379,7 +396,7 @@ class Registry:
         merged_params = merge_params(source.params, dict(params or {}))
         warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
         with self.transaction() as session:
-            index = AliasIndex.load(session)
+            index = self._alias_index(session)
             fw = normalize_framework(framework or source.framework) or index.detect_framework(data)
             replaced = None
             if replace:
@@ -431,7 +448,7 @@ class Registry:
         series = {k: v if isinstance(v, SeriesData) else SeriesData(np.asarray(v[0], np.int64), np.asarray(v[1], np.float64))
                   for k, v in data.items()}
         with self.transaction() as session:
-            index = AliasIndex.load(session)
+            index = self._alias_index(session)
             fw = normalize_framework(run_fields.pop("framework", None)) or index.detect_framework(series)
             run = self._new_run(session, name=name, framework=fw, status=status,
                                 project=run_fields.pop("project", "default"),
