@@ -97,3 +97,15 @@ def sb3_runs() -> Path:
     if not SB3_RUNS.is_dir():
         pytest.skip("shared SB3 runs not present")
     return SB3_RUNS
+
+
+@pytest.fixture(scope="session")
+def openapi():
+    """The API's OpenAPI document, itself validated, ready to check requests and responses."""
+    import yaml
+    from openapi_core import OpenAPI
+    from openapi_spec_validator import validate
+
+    spec = yaml.safe_load((REPO / "registry" / "web" / "openapi.yaml").read_text())
+    validate(spec)
+    return OpenAPI.from_dict(spec)

@@ -2,29 +2,16 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
-import yaml
-from openapi_core import OpenAPI
-from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
-from openapi_spec_validator import validate
+from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from registry import Registry
 from registry.auth import create_token, create_user
 from registry.web import create_app
-
-SPEC_PATH = Path(__file__).resolve().parents[1] / "registry" / "web" / "openapi.yaml"
-
-
-@pytest.fixture(scope="module")
-def openapi():
-    spec = yaml.safe_load(SPEC_PATH.read_text())
-    validate(spec)
-    return OpenAPI.from_dict(spec)
-
+from test_web_support import check_response
 
 @pytest.fixture
 def call(db_url, tmp_path, openapi):
@@ -44,9 +31,7 @@ def call(db_url, tmp_path, openapi):
         if check_request and data is None:
             builder = EnvironBuilder(path=path, method=method, headers=auth, base_url="http://localhost/", **kwargs)
             openapi.validate_request(WerkzeugOpenAPIRequest(Request(builder.get_environ())))
-        builder = EnvironBuilder(path=path, method=method, base_url="http://localhost/")
-        openapi.validate_response(WerkzeugOpenAPIRequest(Request(builder.get_environ())),
-                                  WerkzeugOpenAPIResponse(response))
+        check_response(openapi, response, path, method)
         return response.get_json()
 
     yield do, reg

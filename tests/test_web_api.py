@@ -1,28 +1,12 @@
 """The JSON API, every response checked against registry/web/openapi.yaml with openapi-core."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
-from openapi_core import OpenAPI
-from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
-from openapi_spec_validator import validate
-from werkzeug.test import EnvironBuilder
-from werkzeug.wrappers import Request
 
 from registry import Registry
 from registry.web import create_app
-from test_web_support import fill_registry
-
-SPEC_PATH = Path(__file__).resolve().parents[1] / "registry" / "web" / "openapi.yaml"
-
-
-@pytest.fixture(scope="module")
-def openapi():
-    spec = yaml.safe_load(SPEC_PATH.read_text())
-    validate(spec)
-    return OpenAPI.from_dict(spec)
+from test_web_support import check_response, fill_registry
 
 
 @pytest.fixture
@@ -36,10 +20,8 @@ def api(db_url, openapi):
         assert response.status_code == status, response.get_data(as_text=True)[:500]
         if not validate_spec:
             return response.get_json()
-        builder = EnvironBuilder(path=url.split("?")[0], query_string=query or (url.split("?", 1)[1] if "?" in url else None),
-                                 base_url="http://localhost/")
-        request = WerkzeugOpenAPIRequest(Request(builder.get_environ()))
-        openapi.validate_response(request, WerkzeugOpenAPIResponse(response))
+        check_response(openapi, response, url.split("?")[0],
+                       query_string=query or (url.split("?", 1)[1] if "?" in url else None))
         return response.get_json()
 
     yield get, ids

@@ -11,9 +11,18 @@ import math
 
 import numpy as np
 import pytest
+from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
+from werkzeug.test import EnvironBuilder
+from werkzeug.wrappers import Request
 
 from registry.web import smoothing
 from registry.web.downsample import downsample_indices
+
+
+def check_response(openapi, response, path: str, method: str = "GET", query_string=None) -> None:
+    """Raise when ``response`` (to ``method path?query``) does not match the OpenAPI document."""
+    builder = EnvironBuilder(path=path, method=method, query_string=query_string, base_url="http://localhost/")
+    openapi.validate_response(WerkzeugOpenAPIRequest(Request(builder.get_environ())), WerkzeugOpenAPIResponse(response))
 
 
 def _curve(n: int, start: float, end: float, noise: float, seed: int, shape: float = 3.0) -> np.ndarray:
