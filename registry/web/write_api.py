@@ -401,6 +401,22 @@ def _inside(root: Path, rel: PurePosixPath) -> Path:
     return target
 
 
+def _unpack(plan: list[tuple[Path, bool, int, Any]], tree: Path, shown: str) -> None:
+    """Write checked archive members under ``tree``: (relative path, is directory, size, opener)."""
+    limit = int(current_app.config["MAX_UNPACKED_BYTES"])
+    if sum(size for _, is_dir, size, _ in plan if not is_dir) > limit:
+        raise InputError(f"the archive unpacks to more than {limit} bytes", shown)
+    budget = [limit]  # declared sizes can lie: the copy counts the bytes really written
+    for rel, is_dir, _, opener in plan:
+        target = _inside(tree, rel)
+        if is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with opener() as src, _create_file(target) as dst:
+            _copy_limited(src, dst, budget, shown)
+
+
 def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
     limit_members = int(current_app.config["MAX_ARCHIVE_MEMBERS"])
     with zipfile.ZipFile(archive) as zf:
@@ -415,19 +431,8 @@ def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
                 raise InputError(f"member {info.filename[:80]!r} is a link or a special file", shown)
             if info.flag_bits & 0x1:
                 raise InputError(f"member {info.filename[:80]!r} is encrypted", shown)
-            plan.append((info, rel))
-        if sum(i.file_size for i, _ in plan) > int(current_app.config["MAX_UNPACKED_BYTES"]):
-            raise InputError(f"the archive unpacks to more than {current_app.config['MAX_UNPACKED_BYTES']} bytes",
-                             shown)
-        budget = [int(current_app.config["MAX_UNPACKED_BYTES"])]
-        for info, rel in plan:
-            target = _inside(tree, rel)
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, _create_file(target) as dst:
-                _copy_limited(src, dst, budget, shown)
+            plan.append((rel, info.is_dir(), info.file_size, lambda info=info: zf.open(info)))
+        _unpack(plan, tree, shown)
 
 
 def _extract_tar(archive: Path, tree: Path, shown: str) -> None:
@@ -443,22 +448,15 @@ def _extract_tar(archive: Path, tree: Path, shown: str) -> None:
             rel = member_path(m.name, shown)
             if not (m.isreg() or m.isdir()):
                 raise InputError(f"member {m.name[:80]!r} is a link or a special file", shown)
-            plan.append((m, rel))
-        if sum(m.size for m, _ in plan if m.isreg()) > int(current_app.config["MAX_UNPACKED_BYTES"]):
-            raise InputError(f"the archive unpacks to more than {current_app.config['MAX_UNPACKED_BYTES']} bytes",
-                             shown)
-        budget = [int(current_app.config["MAX_UNPACKED_BYTES"])]
-        for m, rel in plan:
-            target = _inside(tree, rel)
-            if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tf.extractfile(m)
-            if src is None:
-                raise InputError(f"member {m.name[:80]!r} cannot be read", shown)
-            with src, _create_file(target) as dst:
-                _copy_limited(src, dst, budget, shown)
+            plan.append((rel, m.isdir(), m.size, lambda m=m: _tar_member(tf, m, shown)))
+        _unpack(plan, tree, shown)
+
+
+def _tar_member(tf: tarfile.TarFile, member: tarfile.TarInfo, shown: str) -> Any:
+    src = tf.extractfile(member)
+    if src is None:
+        raise InputError(f"member {member.name[:80]!r} cannot be read", shown)
+    return src
 
 
 def _archive_kind(path: Path) -> str | None:
