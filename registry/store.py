@@ -290,7 +290,8 @@ class Registry:
         _refresh_embeddings(session, run.id)
         return bindings
 
-    def _append_chunks(self, session: Session, series: Series, sd: SeriesData) -> None:
+    def _write_chunks(self, session: Session, series: Series, sd: SeriesData) -> None:
+        """Store ``sd`` as chunks numbered on from the series' current chunk count."""
         rows = []
         for start in range(0, len(sd.steps), CHUNK_POINTS):
             sl = slice(start, start + CHUNK_POINTS)
@@ -305,6 +306,10 @@ class Registry:
                 }
             )
         session.execute(SeriesChunk.__table__.insert(), rows)
+        series.chunk_count += len(rows)
+
+    def _append_chunks(self, session: Session, series: Series, sd: SeriesData) -> None:
+        self._write_chunks(session, series, sd)
         s = summarize(sd.steps, sd.values)
         if series.count == 0:
             series.first_step, series.first_value = s.first_step, s.first_value
@@ -316,7 +321,6 @@ class Registry:
         if s.min_value is not None:
             series.min_value = s.min_value if series.min_value is None else min(series.min_value, s.min_value)
             series.max_value = s.max_value if series.max_value is None else max(series.max_value, s.max_value)
-        series.chunk_count += len(rows)
         if series.chunk_count > COMPACT_AFTER_CHUNKS:
             self._compact(session, series)
 
@@ -324,16 +328,7 @@ class Registry:
         data = read_series_chunks(session, series.id)
         session.execute(delete(SeriesChunk).where(SeriesChunk.series_id == series.id))
         series.chunk_count = 0
-        rows = []
-        for start in range(0, len(data.steps), CHUNK_POINTS):
-            sl = slice(start, start + CHUNK_POINTS)
-            rows.append({
-                "series_id": series.id, "seq": len(rows), "n": len(data.steps[sl]),
-                "steps": codec.encode_steps(data.steps[sl]), "values": codec.encode_values(data.values[sl]),
-                "wall_times": None if data.wall_times is None else codec.encode_values(data.wall_times[sl]),
-            })
-        session.execute(SeriesChunk.__table__.insert(), rows)
-        series.chunk_count = len(rows)
+        self._write_chunks(session, series, data)
 
     def append(
         self,
