@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 from . import codec, migrate
 from .binding import AliasIndex, Binding, normalize_framework
 from .db import default_database_url, make_engine, make_session_factory
-from .dictionary import ensure_default_dictionary, healthy_range_for
+from .dictionary import ensure_default_dictionary
 from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
 from .hparams import iter_typed, restore_value
 from .models import (
@@ -80,7 +80,7 @@ class Registry:
     """A registry database (SQLite file or PostgreSQL server).
 
     >>> reg = Registry("sqlite:///runs.db")
-    >>> with reg.start_run("grpo-lr1e-6", project="math", algorithm="GRPO", framework="verl") as run:
+    >>> with reg.create_run("grpo-lr1e-6", project="math", algorithm="GRPO", framework="verl") as run:
     ...     run.log(1, {"critic/score/mean": 0.1, "actor/ppo_kl": 1e-4})
     """
 
@@ -93,10 +93,6 @@ class Registry:
             migrate.upgrade(self.engine)
             with self.transaction() as session:
                 ensure_default_dictionary(session)
-
-    @classmethod
-    def open(cls, url: str | None = None) -> Registry:
-        return cls(url)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -207,9 +203,6 @@ class Registry:
                 params=params, tags=tags, code_version=code_version, status="running", run_id=run_id,
             )
             return RunHandle(self, run.id, run.framework, run.algorithm, semantics)
-
-    def start_run(self, name: str, **kwargs: Any) -> RunHandle:
-        return self.create_run(name, **kwargs)
 
     def resume_run(self, ref: str, semantics: Mapping[str, Mapping[str, Any]] | None = None) -> RunHandle:
         """A handle for appending to an existing run (after a trainer restart, say)."""
@@ -622,9 +615,6 @@ class Registry:
 
         with self.read() as session:
             return {d.name: definition_to_dict(d) for d in list_definitions(session) if not names or d.name in names}
-
-    def healthy_range(self, definition: Mapping[str, Any], task: str | None) -> tuple[float | None, float | None]:
-        return healthy_range_for(definition, task)
 
 
 def read_series_chunks(session: Session, series_id: int) -> SeriesData:
