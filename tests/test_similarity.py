@@ -326,3 +326,26 @@ def test_cascade_equals_brute_force_when_its_pools_cover_the_corpus(registry: Re
             assert [x.distance for x in small] == sorted(x.distance for x in small)
     with pytest.raises(InputError, match="rerank"):
         find_similar(registry, list(kinds)[0], rerank=0)
+
+
+def test_running_run_whose_metrics_start_at_different_steps_is_matched_on_the_fraction_of_its_plan(
+        registry: Registry):
+    # SB3 logs rollout/* from the first rollout and train/* from the second: the KL and the
+    # entropy start one rollout later than the return
+    kinds = family_corpus(registry)
+    full = synthetic("stagnant", 98, 400)
+    planned = int(full.curves["entropy"].steps[-1])
+    handle = registry.create_run("live-late-start", algorithm="ppo", framework="custom", task=full.task,
+                                 params={"total_timesteps": planned})
+    cut = 60  # 15% of the plan: a one-rollout offset is a large share of what has been logged
+    for m in METRICS:
+        start = 0 if m == "episode_return_mean" else 8
+        handle.log_series(m, full.curves[m].steps[start:cut], full.curves[m].values[start:cut])
+    with registry.transaction() as s:
+        refresh_embeddings(s, handle.id)
+    res = find_similar(registry, handle.id, k=5)
+    assert res.query["align"] == "fraction" and res.query["portion_kind"] == "prefix"
+    assert res.query["end"] == pytest.approx((full.curves["entropy"].steps[cut - 1] - full.curves["entropy"].steps[0])
+                                             / (planned - full.curves["entropy"].steps[0]), abs=1e-6)
+    assert not any("logged so far" in w for w in res.warnings)
+    assert sum(kinds[n.run_id] == "stagnant" for n in res) >= 3

@@ -5,30 +5,31 @@ expression, verdicts) and the embedding version.
 
 Stage 1 (candidates): per run, the weighted squared Euclidean distance between PAA-32
 vectors of the compared portion, summed over the metrics both runs have with compatible
-semantics (``sqrt(w)`` scaling, i.e. one L2 distance over the concatenated vectors), plus
-the PAA lower bound on the best 4C. The ``C = max(200, 4% of the eligible runs)`` best go
-on. SQLite, and PostgreSQL without pgvector: a NumPy scan over the per-process cache
-(``index.load_corpus``; whole-run queries read a cached (runs, metrics x 32) float32 matrix
-in place). PostgreSQL with pgvector: an HNSW search per metric in the database (``SET
-LOCAL hnsw.ef_search``, ``hnsw.iterative_scan = relaxed_order`` so filters do not starve
-the scan), then the union is scored exactly as above. Queries the index cannot serve (step
-alignment, windows, raw scale, exact mode) use the NumPy path and say so in ``engine``.
+semantics (``sqrt(w)`` scaling, i.e. one L2 distance over the concatenated vectors). The
+``C = max(200, 2% of the eligible runs)`` nearest go on. SQLite, and PostgreSQL without
+pgvector: a NumPy scan over the per-process cache (``index.load_corpus``); whole-run
+queries read cached (runs, metrics x 32) float32 matrices in place, with a coarse PAA-8
+pass first (see ``_stage1``). PostgreSQL with pgvector: an HNSW search per metric in the
+database (``SET LOCAL hnsw.ef_search``, ``hnsw.iterative_scan = relaxed_order`` so filters
+do not starve the scan), then the union is scored as above. Queries the index cannot serve
+(step alignment, windows, raw scale, exact mode) use the NumPy path and say so in ``engine``.
 
-Stage 1b (elastic pre-rank): banded DTW_D on the candidates' grids averaged over pairs of
-points (64 points, band 5, about 1/6 of the exact cost) orders the C candidates; the best
-``max(RERANK_MIN, RERANK_PER_K * k)`` (100 for k = 10; all of them for collections of at
-most 200 runs) go on. (Measured on the benchmark corpus, where hundreds of runs of a kind
-sit within 10% of the 10th-best distance: the stage-1 score and DTW on the PAA-32 vectors
-both rank the exact top 10 poorly; the warping at 64 points ranks them well.)
+Stages 1b and 1c (elastic pre-rank): banded DTW_D at coarse resolutions, which follows the
+warping the Euclidean score cannot: on the PAA-32 vectors (32 points, band 3, ~1/16 of the
+exact cost) the C candidates shrink to ``max(40, 4k)``; on the grids averaged over pairs of
+points (64 points, band 5, ~1/5) those shrink to ``max(RERANK_MIN, RERANK_PER_K * k)`` (20
+for k = 10). Collections of at most 200 eligible runs skip both and get the exact DTW in
+full. (Measured on the benchmark corpus at 10k runs, recall@10 of each stage's pool
+against brute force: Euclidean top 200 0.99, PAA-32 DTW top 40 0.98, 64-point DTW top 20
+0.98.)
 
 Stage 2 (rerank): multi-metric dependent DTW (one warping path for all metrics, DTW_D) on
 the 128-point grids, Sakoe-Chiba band of 10% (13 points), with dtaidistance's C code, on
-the stage-1b pool: the best k + 6 outright, the rest in one call that abandons early at
-the k-th best (``max_dist``). The result is exact over that pool. Whole-run grids come
-from a cached float64 (runs, 128, metrics) stack: one ``np.take`` per query, no conversion.
-``exact=True`` skips stages 1 and 1b and runs stage 2 over every eligible run, in LB_Keogh
-order with pruning (exact, since the bound is one); ``brute_force`` is one C call over
-every eligible run, from the same cached stack.
+the stage-1c pool, in one call. The result is exact over that pool. Whole-run grids come from a cached float64 (runs, 128,
+metrics) stack: one ``np.take`` per query, no conversion. ``exact=True`` skips stages 1-1c
+and runs stage 2 over every eligible run, in LB_Keogh order with pruning (exact, since the
+bound is one); ``brute_force`` is one C call over every eligible run, from the same cached
+stack.
 
 Distances are ``DTW_D / sqrt(128 * sum of the weights compared)``: the RMS difference per
 grid point, in z units for shapes (0 is identical, ~1.4 is unrelated).
@@ -56,14 +57,18 @@ from .result import Neighbour, SimilarResult, summarize
 
 DTW_WINDOW = max(1, round(0.1 * F.GRID))
 MIN_CANDIDATES = 200
-CANDIDATE_SHARE = 0.04
-#: Stage 1b band on the 64-point halved grids (measured: 5 ranks as well as 6 or 7, cheaper).
+CANDIDATE_SHARE = 0.02
+#: Bands of the coarse elastic stages: PAA-32 vectors (32 points) and halved grids (64 points).
+PAA_WINDOW = 3
 HALF_WINDOW = 5
-#: Exact-DTW pool behind stage 1b: max(RERANK_MIN, RERANK_PER_K * k) of the stage-1 candidates.
-RERANK_MIN = 100
-RERANK_PER_K = 10
+#: Stage 1b keeps max(PAA_POOL_MIN, PAA_POOL_PER_K * k) of the C candidates (PAA-32 DTW);
+#: stage 1c keeps max(RERANK_MIN, RERANK_PER_K * k) of those (64-point DTW) for the exact DTW.
+PAA_POOL_MIN = 40
+PAA_POOL_PER_K = 4
+RERANK_MIN = 20
+RERANK_PER_K = 2
 #: Whole-run float64 stacks kept per corpus (one per metric list).
-STACK_CACHE = 4
+STACK_CACHE = 8
 _STACK_LOCK = threading.Lock()
 #: Planned-length hyperparameters, used to place a running run's progress on the fraction axis.
 TOTAL_STEP_PARAMS = ("total_timesteps", "n_timesteps", "total_training_steps", "max_steps", "total_steps",
@@ -236,12 +241,16 @@ def make_portion(prefix: Any, window: Any, align: str, status: str, first: float
     return Portion("step", None, float(p), f"the first {p:,} steps", "prefix")
 
 
-def _query_grid(q: QueryMetric, portion: Portion, total: float | None) -> tuple[np.ndarray, float]:
+def _query_grid(q: QueryMetric, portion: Portion, total: float | None,
+                origin: float | None = None) -> tuple[np.ndarray, float]:
     """The query metric's grid over the portion, and its noise level.
 
-    Fractions are of the metric's own step span, as for stored rows.
-
-    ``total``: the planned last step of a running run (fractions are then of the planned span).
+    Fractions are of the metric's own step span, as for stored rows. For a running run,
+    ``total`` is its planned last step and ``origin`` its first step (over all metrics):
+    fractions are then of the planned span ``[origin, total]``, one axis for every metric,
+    and each metric's part starts where its data starts. (Per-metric spans would not do: a
+    metric logged from a later step, as SB3's ``train/*`` from the second rollout, would
+    need data past the run's last step to cover the same fraction of its own plan.)
     """
     steps = q.steps.astype(np.float64)
     keep = np.isfinite(q.values)
@@ -249,8 +258,12 @@ def _query_grid(q: QueryMetric, portion: Portion, total: float | None) -> tuple[
     if not len(values):
         raise InputError(f"metric {q.name!r} has no finite points")
     first, last = steps[0], steps[-1]
-    if portion.kind == "fraction":
-        span = (total if total and total > last else last) - first
+    if portion.kind == "fraction" and total and total > last:
+        base = first if origin is None else min(origin, first)
+        lo, hi = base + portion.start * (total - base), base + portion.end * (total - base)
+        lo = max(lo, first)
+    elif portion.kind == "fraction":
+        span = last - first
         lo, hi = first + portion.start * span, first + portion.end * span
     else:
         lo = first if portion.start is None else max(portion.start, first)
@@ -346,7 +359,8 @@ def _rerank(q: np.ndarray, xs: np.ndarray, avail: np.ndarray, wp: np.ndarray, k:
             lb: bool = True) -> tuple[list[tuple[float, int]], int]:
     """Top k (distance, candidate index) by DTW_D, and how many DTWs ran.
 
-    ``xs`` arrive best-first by the stage-1 score. The first k + 6 are computed outright,
+    Brute force, and after the coarse stages (``lb=False``): one call over the pool. Exact
+    mode (``lb=True``, candidates in stage-1 order): the first k + 6 are computed outright,
     which gives a tight k-th best distance; the rest are ordered by LB_Keogh against the
     query envelope (a lower bound of banded DTW with a squared-Euclidean cost: every point
     is matched within +-r of its index), dropped once their bound exceeds the k-th best,
@@ -357,7 +371,9 @@ def _rerank(q: np.ndarray, xs: np.ndarray, avail: np.ndarray, wp: np.ndarray, k:
     """
     norm = np.sqrt(F.GRID * wp)
     n = len(xs)
-    if brute:
+    if brute or not lb:
+        # brute force, or the small near-tied pool behind the coarse stages: one call over
+        # all of it (measured: abandoning at a bound of the k-th best saved nothing there)
         if buf is not None and avail.all():
             buf[0] = q  # the candidates already sit in buf[1:]: one C call, no copy
             d = _dtw_stack(buf, DTW_WINDOW) / norm
@@ -370,12 +386,7 @@ def _rerank(q: np.ndarray, xs: np.ndarray, avail: np.ndarray, wp: np.ndarray, k:
     d[seed] = _dtw_block(q, xs, avail, seed, None) / norm[seed]
     computed = len(seed)
     rest = np.arange(len(seed), n)
-    if len(rest) and not lb:
-        # candidates already in stage-1b order: the rest in one call, abandoned at the k-th best
-        kth = float(np.partition(d[seed], min(k, len(seed)) - 1)[min(k, len(seed)) - 1])
-        d[rest] = _dtw_block(q, xs, avail, rest, float(kth * norm[rest].max() * (1 + 1e-9))) / norm[rest]
-        computed += len(rest)
-    elif len(rest):
+    if len(rest):
         kth = float(np.partition(d[seed], min(k, len(seed)) - 1)[min(k, len(seed)) - 1])
         qt = np.ascontiguousarray(q.T)
         xt = np.ascontiguousarray(xs[rest].transpose(0, 2, 1))
@@ -548,8 +559,10 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
     the corpus: it gathers its candidates with one ``np.take`` and hands them to the C code.
 
     kind "grid": (R, GRID, M) C-contiguous float64 whole-run z-grids (None: grids not loaded);
-    "half": the same averaged over pairs of points, (R, GRID / 2, M) (stage 1b);
-    "paa": ((R, M * PAA) float32 PAA vectors, metric-major, and (R, M) float32 squared norms).
+    "half": the same averaged over pairs of points, (R, GRID / 2, M) (stage 1c);
+    "quarter": the PAA-32 vectors laid out the same way, (R, PAA, M) float64 (stage 1b);
+    "paa": ((R, M * PAA) float32 PAA vectors, metric-major, (R, M) float32 squared norms, and
+    the same two for PAA-8: means of 4 consecutive PAA-32 segments).
     """
     key = (kind, tuple(names))
     with _STACK_LOCK:
@@ -558,15 +571,22 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
         if hit is None:
             if kind in ("grid", "half") and corpus.grids is None:
                 return None
-            if kind in ("grid", "half"):
+            if kind == "quarter":
+                hit = np.zeros((len(corpus.run_ids), F.PAA, len(names)))
+                for j, name in enumerate(names):
+                    hit[:, :, j] = corpus.dense(name)[3]
+            elif kind in ("grid", "half"):
                 hit = np.zeros((len(corpus.run_ids), F.GRID, len(names)))
                 for j, name in enumerate(names):
                     hit[:, :, j] = corpus.whole_grids(name)
                 if kind == "half":
                     hit = np.ascontiguousarray(_halve(hit))
             else:
-                hit = (np.ascontiguousarray(np.concatenate([corpus.dense(n)[3] for n in names], axis=1)),
-                       np.stack([corpus.dense(n)[4] for n in names], axis=1).astype(np.float32))
+                x = np.ascontiguousarray(np.concatenate([corpus.dense(n)[3] for n in names], axis=1))
+                x8 = np.ascontiguousarray(x.reshape(len(x), len(names), F.PAA // 4, 4).mean(axis=-1)
+                                          .reshape(len(x), -1))
+                hit = (x, np.stack([corpus.dense(n)[4] for n in names], axis=1).astype(np.float32),
+                       x8, np.einsum("rmp,rmp->rm", *(2 * [x8.reshape(len(x), len(names), -1)])))
             while len(cache) >= STACK_CACHE:
                 cache.pop(next(iter(cache)))
         cache[key] = hit  # most recent last
@@ -596,77 +616,110 @@ def _gather(base: np.ndarray, idx: np.ndarray, mask: np.ndarray | None) -> np.nd
     return buf
 
 
-def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qgrid: np.ndarray, qpaa: np.ndarray,
-            portion: Portion, normalize: str, scales: list[float], wvec: np.ndarray,
-            C: int) -> tuple[np.ndarray, np.ndarray]:
-    """The C candidates (eligible positions) best first, and their stage-1 scores.
+def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qpaa: np.ndarray, portion: Portion,
+            normalize: str, scales: list[float], wvec: np.ndarray, C: int) -> np.ndarray:
+    """The C candidates (eligible positions) nearest by Euclidean distance of PAA-32
+    vectors (weighted, per compared weight), best first.
 
-    Score: ``ED + LB_PAA`` over the weighted PAA vectors, both per compared weight. ED (an
-    upper-bound-like proxy of DTW: DTW <= ED) preselects 4C runs with one matrix product
-    over all metrics; LB_PAA (a lower bound of banded DTW: the PAA vector's distance to the
-    query envelope's per-segment max/min, Keogh 2002) is computed for those only. Their sum
-    tracks banded DTW better than either alone (benchmark: recall@10 at C=300 of 10k runs
-    0.95 vs 0.92 for ED alone). Whole-run z queries score the cached per-run PAA matrix in
-    place (no per-query copy or conversion of the corpus).
+    Whole-run z queries read the cached per-run PAA matrix in place; when the collection is
+    larger than ``3 C``, a coarse pass over PAA-8 vectors (means of 4 PAA-32 segments: a
+    quarter of the memory traffic, and ``4 x ED(PAA-8) <= ED(PAA-32)``) keeps ``3 C`` first.
+    (Measured on the benchmark corpus at 10k runs: the coarse pass loses none of the PAA-32
+    top C; an LB_PAA envelope term added to the score no longer paid for its cost once the
+    grids were denoised.) Other portions cut every eligible row's PAA vector per query.
     """
     n, M = len(el.runs), len(qms)
     q = (qpaa / np.sqrt(wvec)[None, :]).T.astype(np.float32)  # (M, PAA) unweighted
+    w = wvec.astype(np.float32)
+    avail = None if el.avail.all() else el.avail
     if portion.whole and normalize == "z":
-        x_all, norms = _whole_stack(corpus, [qm.name for qm in qms], "paa")
-        take = lambda rows: x_all[el.runs[rows]].reshape(len(rows), M, F.PAA)  # noqa: E731
-        if el.avail.all():
-            # every run compares every metric: one matrix-vector product over the concatenation
-            qw = (q * wvec[:, None].astype(np.float32)).reshape(-1)
-            # einsum, not ``@``: a (R, 96) float32 matrix-vector product is memory-bound, and
-            # a threaded BLAS gemv spends more on waking its threads than on the product
-            ed = (norms @ wvec.astype(np.float32) - 2.0 * np.einsum("rp,p->r", x_all, qw))[el.runs]
-            ed = np.maximum(ed + float(np.einsum("mp,mp->m", q, q) @ wvec), 0.0) / el.wp
-            d = None
-        else:
-            d = (norms - 2.0 * np.stack([np.einsum("rp,p->r", x_all[:, j * F.PAA:(j + 1) * F.PAA], q[j])
-                                      for j in range(M)], axis=1))[el.runs]
+        x_all, norms, x8, norms8 = _whole_stack(corpus, [qm.name for qm in qms], "paa")
+        pool = np.arange(n)
+        if 3 * C < n:
+            q8 = q.reshape(M, F.PAA // 4, 4).mean(axis=-1)
+            if avail is None:
+                coarse = _paa_scores(x8, norms8, q8, w, None)[el.runs]
+            else:
+                coarse = _paa_scores(x8[el.runs], norms8[el.runs], q8, w, avail)
+            pool = np.argpartition(coarse, 3 * C - 1)[:3 * C]
+        rows = el.runs[pool]
+        ed = _paa_scores(x_all[rows], norms[rows], q, w, None if avail is None else avail[pool])
     else:
+        pool = np.arange(n)
         x = np.zeros((n, M, F.PAA), dtype=np.float32)
         for j in range(M):
             have = el.avail[:, j]
             x[have, j] = _row_features(corpus, el.rows[have, j], el.s[have, j], el.e[have, j], portion.whole,
                                        normalize, scales[j], "paa")
-        d = np.einsum("rmp,rmp->rm", x, x) - 2.0 * np.einsum("rmp,mp->rm", x, q)
-        take = lambda rows: x[rows]  # noqa: E731
-    aw = el.avail * wvec[None, :]
-    if d is not None:
-        ed = (np.maximum(d + np.einsum("mp,mp->m", q, q)[None, :], 0.0) * aw).sum(axis=1) / el.wp
-    pre = np.argpartition(ed, min(4 * C, n) - 1)[:min(4 * C, n)] if 4 * C < n else np.arange(n)
-    qt = np.ascontiguousarray(qgrid.T) / np.sqrt(wvec)[:, None]
-    upper = _running(qt, DTW_WINDOW, np.maximum).reshape(M, F.PAA, -1).max(axis=-1).astype(np.float32)
-    lower = _running(qt, DTW_WINDOW, np.minimum).reshape(M, F.PAA, -1).min(axis=-1).astype(np.float32)
-    xp = take(pre)
-    viol = np.maximum(xp - upper, 0.0) + np.maximum(lower - xp, 0.0)
-    lb = (np.einsum("rmp,rmp->rm", viol, viol) * aw[pre]).sum(axis=1)
-    score = np.sqrt(ed[pre]) + np.sqrt(lb / el.wp[pre])
-    keep = np.argsort(score, kind="stable")[:C]
-    return pre[keep], score[keep]
+        x = x.reshape(n, M * F.PAA)
+        ed = _paa_scores(x, np.einsum("rmp,rmp->rm", *(2 * [x.reshape(n, M, F.PAA)])), q, w, avail)
+    if avail is not None:
+        ed /= el.wp[pool]
+    if C < len(pool):
+        part = np.argpartition(ed, C - 1)[:C]
+        pool, ed = pool[part], ed[part]
+    return pool[np.argsort(ed, kind="stable")]
 
 
-def _stage1b(q: np.ndarray, buf: np.ndarray, avail: np.ndarray, wp: np.ndarray, keep: int) -> np.ndarray:
-    """Positions (into the stage-1 candidates) of the ``keep`` nearest by banded DTW_D on the
-    grids averaged over pairs of points (64 points, band ``HALF_WINDOW``), best first.
+def _paa_scores(x: np.ndarray, norms: np.ndarray, q: np.ndarray, w: np.ndarray,
+                avail: np.ndarray | None) -> np.ndarray:
+    """Weighted squared Euclidean distance of each row of ``x`` ((R, M * P) float32,
+    metric-major; ``norms`` (R, M) their squared norms) to the query's (M, P) vectors, over
+    the metrics a row compares (``avail`` (R, M); None: all). All compared: one matrix-vector
+    product with the weights folded into the query (a single pass over the rows); else one
+    product with a block-diagonal query matrix, per metric. (Both avoid reductions over the
+    short metric axis, which cost more than the products at 10k rows.)"""
+    qq = np.einsum("mp,mp->m", q, q)
+    if avail is None:
+        ed = x @ (q * w[:, None]).reshape(-1)
+        ed *= -2.0
+        ed += norms @ w
+        ed += float(qq @ w)
+        return np.maximum(ed, 0.0, out=ed)
+    M, P = q.shape
+    blocks = np.zeros((M * P, M), dtype=np.float32)
+    for j in range(M):
+        blocks[j * P:(j + 1) * P, j] = q[j]
+    d = x @ blocks
+    d *= -2.0
+    d += norms
+    d += qq[None, :]
+    np.maximum(d, 0.0, out=d)
+    return (d * avail) @ w
 
-    ``q``: the query's halved grid; ``buf``: (C + 1, GRID / 2, M), slot 0 free. About 1/6 of
-    the exact DTW's cost, and it follows the warping: measured on the benchmark corpus, the
-    exact top 10 lie within its top 80 far more often than within the stage-1 top 80 (DTW on
-    the PAA-32 vectors was no better than the stage-1 score).
+
+def _elastic_order(q: np.ndarray, buf: np.ndarray, avail: np.ndarray, wp: np.ndarray, keep: int,
+                   window: int) -> np.ndarray:
+    """Positions (into ``buf[1:]``) of the ``keep`` nearest by banded DTW_D at a coarse
+    resolution, best first.
+
+    ``q``: the query at that resolution (L, M); ``buf``: (C + 1, L, M), slot 0 free. The
+    cascade runs it twice: on the PAA-32 vectors (32 points, band ``PAA_WINDOW``, ~1/16 of
+    the exact DTW's cost) and on grids averaged over pairs of points (64 points, band
+    ``HALF_WINDOW``, ~1/5). Both follow the warping, which the Euclidean stage 1 does not.
     """
     if avail.all():
         buf[0] = q
-        d = _dtw_stack(buf, HALF_WINDOW)
+        d = _dtw_stack(buf, window)
     else:
-        d = _dtw_block(q, buf[1:], avail, np.arange(len(avail)), None, window=HALF_WINDOW)
+        d = _dtw_block(q, buf[1:], avail, np.arange(len(avail)), None, window=window)
     d = d / np.sqrt(wp)
     if keep < len(d):
         part = np.argpartition(d, keep - 1)[:keep]
         return part[np.argsort(d[part], kind="stable")]
     return np.argsort(d, kind="stable")
+
+
+def _candidate_paa(corpus: X.Corpus, el: _Eligible, cand: np.ndarray, qms: list[QueryMetric], portion: Portion,
+                   normalize: str, scales: list[float], wvec: np.ndarray) -> np.ndarray:
+    """(len(cand) + 1, PAA, M) float64 PAA vectors of the candidates, sqrt(w)-scaled, zeros
+    where not compared; slot 0 is left for the query."""
+    if portion.whole and normalize == "z":
+        return _gather(_whole_stack(corpus, [qm.name for qm in qms], "quarter"), el.runs[cand],
+                       _weight_mask(el, cand, wvec))
+    buf = np.zeros((len(cand) + 1, F.PAA, len(qms)))
+    buf[1:] = _stage_features(corpus, el, cand, portion, normalize, scales, "paa", wvec)
+    return buf
 
 
 def _candidate_grids(session: Session, corpus: X.Corpus, el: _Eligible, cand: np.ndarray, qms: list[QueryMetric],
@@ -687,13 +740,13 @@ def _candidate_grids(session: Session, corpus: X.Corpus, el: _Eligible, cand: np
     return buf
 
 
-def _query_features(qms: list[QueryMetric], portion: Portion, total: float | None, normalize: str,
-                    scales: list[float]) -> tuple[np.ndarray, np.ndarray]:
+def _query_features(qms: list[QueryMetric], portion: Portion, total: float | None, origin: float,
+                    normalize: str, scales: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """Query grid (GRID, M) and PAA (PAA, M), sqrt(w)-scaled, prepared like the stored rows."""
     grid = np.zeros((F.GRID, len(qms)))
     paa = np.zeros((F.PAA, len(qms)))
     for j, qm in enumerate(qms):
-        raw, noise = _query_grid(qm, portion, total)
+        raw, noise = _query_grid(qm, portion, total, origin)
         if normalize == "raw":
             g = raw / scales[j]
             p = F.paa(g)
@@ -732,7 +785,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
     """The k historical runs whose curves look most like this run's (see the package docstring).
 
     ``candidates``: stage-1 pool size (default ``max(MIN_CANDIDATES, CANDIDATE_SHARE * n)``);
-    ``rerank``: how many of them, in stage-1b order, get the exact DTW (default
+    ``rerank``: how many of them, in stage-1c order, get the exact DTW (default
     ``max(RERANK_MIN, RERANK_PER_K * k)``; every candidate when the collection has at most
     ``MIN_CANDIDATES`` eligible runs and ``candidates`` is not given).
     """
@@ -773,7 +826,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
                   and normalize == "z" and not exact and not _brute)
         if use_pg:
             corpus, engine, n_filtered = _pgvector_pool(session, run, qms, portion, conds,
-                                                        total if run.status == "running" else None,
+                                                        total if run.status == "running" else None, first,
                                                         candidates, excluded)
             run_mask = corpus.run_ids != run.id
         else:
@@ -791,26 +844,31 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         scales = _scales(corpus, qms, normalize)
         wvec = np.array([qm.weight for qm in qms])
         qtotal = total if run.status == "running" else None
-        qgrid, qpaa = _query_features(qms, portion, qtotal, normalize, scales)
+        qgrid, qpaa = _query_features(qms, portion, qtotal, first, normalize, scales)
         n_el = len(el.runs)
 
-        # stage 1 (Euclidean + LB_PAA score over all eligible runs), stage 1b (DTW on 64 points)
+        # stage 1 (Euclidean on PAA vectors over all eligible runs), 1b (DTW on PAA-32), 1c (DTW on 64 points)
         t1 = time.perf_counter()
-        n_half = 0
+        n_half = n_paa = 0
         buf = None
         if exact or _brute:
             cand = np.arange(n_el)
             C = n_el
         else:
             C = min(n_el, _candidate_count(n_el if not use_pg else n_filtered, candidates))
-            cand, _ = _stage1(corpus, el, qms, qgrid, qpaa, portion, normalize, scales, wvec, C)
+            cand = _stage1(corpus, el, qms, qpaa, portion, normalize, scales, wvec, C)
             R2 = _rerank_count(n_el if not use_pg else n_filtered, len(cand), k, candidates, rerank)
+            R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k)
+            if len(cand) > R1:
+                paa_buf = _candidate_paa(corpus, el, cand, qms, portion, normalize, scales, wvec)
+                cand = cand[_elastic_order(qpaa, paa_buf, el.avail[cand], el.wp[cand], R1, PAA_WINDOW)]
+                n_paa = C
             if len(cand) > 1:  # (also when R2 covers them all: the order seeds the early abandoning)
                 half = _candidate_grids(session, corpus, el, cand, qms, portion, normalize, scales, wvec, "half")
                 if half is None:  # no cached grids for this portion: halve the candidates' grids
                     buf = _candidate_grids(session, corpus, el, cand, qms, portion, normalize, scales, wvec)
                     half = np.ascontiguousarray(_halve(buf))
-                best = _stage1b(_halve(qgrid), half, el.avail[cand], el.wp[cand], R2)
+                best = _elastic_order(_halve(qgrid), half, el.avail[cand], el.wp[cand], R2, HALF_WINDOW)
                 n_half = len(cand)
                 cand = cand[best]
                 if buf is not None:
@@ -840,7 +898,8 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         metrics=names, weights={qm.name: qm.weight for qm in qms}, k=k, engine=engine,
         embedding_version=F.EMBEDDING_VERSION, neighbours=neighbours, excluded=excluded, excluded_counts=counts,
         warnings=warnings,
-        stats={"eligible_runs": int(n_el), "candidates": int(C), "half_dtw_computed": int(n_half),
+        stats={"eligible_runs": int(n_el), "candidates": int(C), "paa_dtw_computed": int(n_paa),
+               "half_dtw_computed": int(n_half),
                "reranked": int(len(cand)), "dtw_computed": int(computed), "corpus_rows": int(corpus.n)},
         timings={"prepare_ms": (t_prep - t0) * 1e3, "load_ms": (t_load - t_prep) * 1e3,
                  "candidates_ms": (t2 - t1) * 1e3, "rerank_ms": (t3 - t2) * 1e3,
@@ -962,7 +1021,7 @@ def _name_exclusions(registry: Any, result: SimilarResult) -> None:
 # --- pgvector candidate pool --------------------------------------------------------------
 
 def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: Portion, conds: list[Any],
-                   total: float | None, candidates: int | None,
+                   total: float | None, origin: float, candidates: int | None,
                    excluded: list[dict[str, Any]]) -> tuple[X.Corpus, str, int]:
     """Candidate runs from the HNSW indexes (one search per metric), as a small Corpus."""
     CE = CurveEmbedding
@@ -982,7 +1041,7 @@ def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: 
     session.execute(text(f"SET LOCAL hnsw.max_scan_tuples = {max(20000, 20 * C)}"))
     pool: set[str] = set()
     for qm in qms:
-        raw, noise = _query_grid(qm, portion, total)
+        raw, noise = _query_grid(qm, portion, total, origin)
         vec = X.vector_literal(F.paa(F.shape(raw, noise)[0][0]))
         stmt = select(CE.run_id).where(CE.version == F.EMBEDDING_VERSION, CE.metric == qm.name,
                                        CE.semantics_key == qm.sem_key, CE.run_id != run.id)
@@ -1012,10 +1071,10 @@ def find_similar_for_run(registry: Any, run_id: str, *, status: str | None = Non
     """``find_similar``, and for a running run whose fraction-of-plan prefix cannot be cut, the steps so far.
 
     A running run with a planned length (``total_timesteps``) is matched by default on the
-    same fraction of training; when its metrics start at different steps (SB3 logs
-    ``rollout/*`` from the first rollout, ``train/*`` from the second) that portion can end
-    past a metric's last step and the search refuses it. The run is then matched, as a run
-    without a planned length is, on the steps it has logged so far (a warning says so).
+    same fraction of training, up to its last step. When one of the compared metrics stopped
+    well before that step (logged only early on, or at a much coarser cadence), that portion
+    cannot be cut for it and the search refuses; the run is then matched, as a run without a
+    planned length is, on the steps every metric has reached (a warning says so).
     """
     try:
         return find_similar(registry, run_id, **query)
