@@ -483,8 +483,8 @@ def test_runs_page_never_starts_a_diagnosis_its_budget_cannot_afford(fresh):
 
 
 def test_similar_runs_of_a_run_still_training_with_a_planned_length(fresh, openapi):
-    """SB3 logs rollout/* from step 2,048 and train/* from 4,096: the fraction-of-plan prefix cannot be
-    cut for every metric at every point, and the panel and the API fall back to the steps so far."""
+    """SB3 logs rollout/* from step 2,048 and train/* from 4,096: the prefix is still cut as one fraction
+    of the planned 100,000 steps for every metric, and the panel says the run is still training."""
     reg, ids = fresh
     src = ids["cartpole_lr_too_high_5e-2"]
     handle = reg.create_run("lr-high-early", project="sb3", algorithm="PPO", framework="stable-baselines3",
@@ -495,12 +495,15 @@ def test_similar_runs_of_a_run_still_training_with_a_planned_length(fresh, opena
         handle.log_series(s["key"], data.steps[keep], data.values[keep])
     c = make_app(reg).test_client()
     panel = section(text(c.get(f"/runs/{handle.id}")), "similar-panel")
-    assert 'id="similar-error"' not in panel and "Matching the first 30,720 steps" in panel
-    assert "went on to" in panel and "matched on the first 30,720 steps logged so far" in panel
+    assert 'id="similar-error"' not in panel
+    assert "Matching the first 29% of training (running run)" in panel and "went on to" in panel
+    assert "matched on what it has logged so far (up to step 30,720)" in panel
     assert re.findall(r'<tr data-run="([0-9a-f]+)">', panel)[0] == src  # its own finished twin, nearest
     body = validated(c, openapi, f"/api/runs/{handle.id}/similar")
     assert body["neighbours"][0]["run_id"] == src and body["neighbours"][0]["verdict"] == "diverged"
-    assert body["query"]["portion_kind"] == "prefix" and any("so far" in w for w in body["warnings"])
+    q = body["query"]
+    assert q["portion_kind"] == "prefix" and q["status"] == "running" and q["planned_total_steps"] == 100000
+    assert q["align"] == "fraction" and abs(q["end"] - 0.2949) < 0.01
 
 
 def test_a_failing_diagnosis_never_takes_the_dashboard_or_its_plots_down(fresh, monkeypatch):

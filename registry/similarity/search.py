@@ -1060,8 +1060,10 @@ def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: 
             excluded.append({"reason": "semantics", "metric": qm.name, "count": int(n), "run_ids": [example],
                              "differences": semantic_differences({f: qm.semantics.get(f) for f in X.STRICT_FIELDS},
                                                                  _key_dict(key))})
-    corpus = X.fetch_rows(session, CE.run_id.in_(sorted(pool)) & CE.metric.in_([qm.name for qm in qms])) if pool \
-        else X.fetch_rows(session, CE.id < 0)
+    # PAA vectors and level statistics only: the grids of the few runs left after the PAA-32
+    # DTW stage are fetched for those alone
+    corpus = X.fetch_rows(session, CE.run_id.in_(sorted(pool)) & CE.metric.in_([qm.name for qm in qms]),
+                          with_grids=False) if pool else X.fetch_rows(session, CE.id < 0, with_grids=False)
     engine = (f"pgvector hnsw ({col}, ef_search={ef}, iterative_scan=relaxed_order, "
               f"{len(pool)} runs from the index)")
     return corpus, engine, n_filtered
