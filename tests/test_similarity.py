@@ -152,6 +152,10 @@ def test_step_alignment_excludes_runs_that_end_earlier(registry: Registry):
 
 
 def test_semantic_incompatibility_excludes_with_reason(registry: Registry):
+    check_semantic_exclusions(registry)
+
+
+def check_semantic_exclusions(registry: Registry) -> None:
     run = synthetic("healthy", 0, 200)
     k3 = register(registry, "sb3-k3", run, sb3=True)
     k1 = register(registry, "sb3-k1", synthetic("healthy", 1, 200), sb3=True,
@@ -349,3 +353,31 @@ def test_running_run_whose_metrics_start_at_different_steps_is_matched_on_the_fr
                                              / (planned - full.curves["entropy"].steps[0]), abs=1e-6)
     assert not any("logged so far" in w for w in res.warnings)
     assert sum(kinds[n.run_id] == "stagnant" for n in res) >= 3
+
+
+def test_pgvector_semantic_exclusions_are_counted_and_named(pgvector_registry: Registry):
+    check_semantic_exclusions(pgvector_registry)
+
+
+def test_pgvector_pool_keeps_the_runs_nearest_on_every_metric(pgvector_registry: Registry):
+    """With 2 candidates, each metric's index list holds 4 runs and the lists overlap only in
+    part: the 4 runs loaded are those of the union nearest by the distance summed over all
+    three metrics (the whole-run PAA vectors), not the first of each list."""
+    reg = pgvector_registry
+    kinds = family_corpus(reg, per_kind=4)
+    q = list(kinds)[3]
+    with reg.read() as s:
+        corpus = X.fetch_rows(s, True, with_grids=False)
+    vec = {(r, m): corpus.paa[i, -1].astype(np.float64)
+           for i, (r, m) in enumerate(zip(corpus.run_ids[corpus.run_idx], corpus.metric))}
+
+    def d2(r: str, m: str) -> float:
+        return float(np.sum((vec[r, m] - vec[q, m]) ** 2))
+
+    others = sorted(set(kinds) - {q})
+    union = set().union(*(sorted(others, key=lambda r: d2(r, m))[:4] for m in METRICS))
+    assert len(union) > 4
+    expected = sorted(union, key=lambda r: sum(d2(r, m) for m in METRICS))[:4]
+    res = find_similar(reg, q, k=2, candidates=2)
+    assert f"{len(union)} runs from the index, 4 compared" in res.engine
+    assert res.stats["eligible_runs"] == 4 and {n.run_id for n in res} <= set(expected)

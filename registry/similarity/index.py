@@ -226,8 +226,9 @@ def rebuild_embeddings(registry: Any, *, run_ids: Iterable[str] | None = None, b
 
 # --- loading ----------------------------------------------------------------------------
 
+# the logging point is the only semantics field read per row: extracted in SQL, not parsed as JSON
 LOAD_COLUMNS = (CurveEmbedding.id, CurveEmbedding.run_id, CurveEmbedding.metric, CurveEmbedding.semantics_key,
-                CurveEmbedding.semantics, CurveEmbedding.first_step, CurveEmbedding.last_step,
+                CurveEmbedding.semantics["logging_point"].as_string(), CurveEmbedding.first_step, CurveEmbedding.last_step,
                 CurveEmbedding.point_count, CurveEmbedding.level_stats, CurveEmbedding.paa)
 
 
@@ -301,7 +302,7 @@ def _columns_from_rows(rows: Sequence[Any], with_grids: bool) -> dict[str, np.nd
         "run_id": np.array([r[1] for r in rows], dtype=object),
         "metric": np.array([r[2] for r in rows], dtype=object),
         "sem_key": np.array([r[3] for r in rows], dtype=object),
-        "log_point": np.array([(r[4] or {}).get("logging_point") for r in rows], dtype=object),
+        "log_point": np.array([r[4] for r in rows], dtype=object),
         "first": np.fromiter((r[5] for r in rows), dtype=np.float64, count=n),
         "last": np.fromiter((r[6] for r in rows), dtype=np.float64, count=n),
         "count": np.fromiter((r[7] for r in rows), dtype=np.float64, count=n),

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from dtaidistance import dtw, dtw_ndim
-from sqlalchemy import func, select, text
+from sqlalchemy import case, func, or_, select, text
 from sqlalchemy.orm import Session, selectinload
 
 from ..errors import InputError
@@ -69,6 +69,7 @@ RERANK_MIN = 20
 RERANK_PER_K = 2
 #: Whole-run float64 stacks kept per corpus (one per metric list).
 STACK_CACHE = 8
+HNSW_PER_METRIC = 2  # nearest rows per metric from the index, as a multiple of C
 _STACK_LOCK = threading.Lock()
 #: Planned-length hyperparameters, used to place a running run's progress on the fraction axis.
 TOTAL_STEP_PARAMS = ("total_timesteps", "n_timesteps", "total_training_steps", "max_steps", "total_steps",
@@ -827,7 +828,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         if use_pg:
             corpus, engine, n_filtered = _pgvector_pool(session, run, qms, portion, conds,
                                                         total if run.status == "running" else None, first,
-                                                        candidates, excluded)
+                                                        candidates, excluded, counts)
             run_mask = corpus.run_ids != run.id
         else:
             corpus = X.load_corpus(session)
@@ -841,6 +842,10 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
                 run_mask[qi] = False
         t_load = time.perf_counter()
         el = _eligible(corpus, qms, portion, run_mask, excluded, counts, report_semantics=not use_pg)
+        if use_pg:  # runs of other semantics on every metric, counted in SQL: the pool never holds them
+            n_sem = counts.pop("semantics_pool")
+            counts["semantics"] += n_sem
+            counts["no_comparable_metric"] += n_sem
         scales = _scales(corpus, qms, normalize)
         wvec = np.array([qm.weight for qm in qms])
         qtotal = total if run.status == "running" else None
@@ -1022,51 +1027,109 @@ def _name_exclusions(registry: Any, result: SimilarResult) -> None:
 
 def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: Portion, conds: list[Any],
                    total: float | None, origin: float, candidates: int | None,
-                   excluded: list[dict[str, Any]]) -> tuple[X.Corpus, str, int]:
-    """Candidate runs from the HNSW indexes (one search per metric), as a small Corpus."""
+                   excluded: list[dict[str, Any]], counts: dict[str, int]) -> tuple[X.Corpus, str, int]:
+    """Candidate runs from the HNSW indexes, as a small Corpus.
+
+    One index search per metric gives its nearest ``HNSW_PER_METRIC * C`` rows; the union of
+    those runs is then scored in SQL by the weighted mean squared distance over the metrics
+    each compares (as stage 1 scores them), and the best ``2 * C`` are loaded. (The union
+    alone is several times larger; scoring a run missing from one list by that list's
+    largest distance, a lower bound, promotes runs near on one metric over runs near on all.)
+    """
     CE = CurveEmbedding
     level_i = int(np.argmin(np.abs(np.log(np.asarray(F.LEVELS) / max(portion.end, 1e-6)))))
     col = X.VECTOR_COLUMNS[level_i]
-    base = select(func.count(func.distinct(CE.run_id))).where(
-        CE.version == F.EMBEDDING_VERSION, CE.metric.in_([qm.name for qm in qms]), CE.run_id != run.id)
-    if conds:
-        base = base.join(Run, Run.id == CE.run_id).where(*conds)
-    n_filtered = int(session.scalar(base) or 0)
+    n_filtered = _semantic_groups(session, run, qms, conds, excluded, counts)
     C = _candidate_count(n_filtered, candidates)
     if F.LEVELS[level_i] != portion.end:
         C *= 2  # the stored level only approximates this prefix: widen the pool
-    ef = min(max(C, 40), 1000)
+    limit = HNSW_PER_METRIC * C
+    ef = min(max(limit, 40), 1000)
     session.execute(text(f"SET LOCAL hnsw.ef_search = {ef}"))
     session.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
-    session.execute(text(f"SET LOCAL hnsw.max_scan_tuples = {max(20000, 20 * C)}"))
-    pool: set[str] = set()
+    session.execute(text(f"SET LOCAL hnsw.max_scan_tuples = {max(20000, 20 * limit)}"))
+    vectors = []
+    union: set[str] = set()
     for qm in qms:
         raw, noise = _query_grid(qm, portion, total, origin)
-        vec = X.vector_literal(F.paa(F.shape(raw, noise)[0][0]))
+        vectors.append(X.vector_literal(F.paa(F.shape(raw, noise)[0][0])))
         stmt = select(CE.run_id).where(CE.version == F.EMBEDDING_VERSION, CE.metric == qm.name,
                                        CE.semantics_key == qm.sem_key, CE.run_id != run.id)
         if conds:
             stmt = stmt.join(Run, Run.id == CE.run_id).where(*conds)
-        stmt = stmt.order_by(text(f"curve_embeddings.{col} <-> CAST(:qv AS vector)").bindparams(qv=vec)).limit(C)
-        pool.update(session.scalars(stmt))
-    # semantic exclusions over the whole filtered set, not only the pool
-    for qm in qms:
-        stmt = select(CE.semantics_key, func.count(), func.min(CE.run_id)).where(
-            CE.version == F.EMBEDDING_VERSION, CE.metric == qm.name, CE.semantics_key != qm.sem_key,
-            CE.run_id != run.id).group_by(CE.semantics_key)
-        if conds:
-            stmt = stmt.join(Run, Run.id == CE.run_id).where(*conds)
-        for key, n, example in session.execute(stmt):
-            excluded.append({"reason": "semantics", "metric": qm.name, "count": int(n), "run_ids": [example],
-                             "differences": semantic_differences({f: qm.semantics.get(f) for f in X.STRICT_FIELDS},
-                                                                 _key_dict(key))})
+        union.update(session.scalars(stmt.order_by(text(f"curve_embeddings.{col} <-> CAST(:qv AS vector)")
+                                                   .bindparams(qv=vectors[-1])).limit(limit)))
+    pool = sorted(union)
+    if len(pool) > 2 * C:
+        pool = _nearest_by_vectors(session, col, qms, vectors, pool, 2 * C)
     # PAA vectors and level statistics only: the grids of the few runs left after the PAA-32
     # DTW stage are fetched for those alone
-    corpus = X.fetch_rows(session, CE.run_id.in_(sorted(pool)) & CE.metric.in_([qm.name for qm in qms]),
+    corpus = X.fetch_rows(session, CE.run_id.in_(pool) & CE.metric.in_([qm.name for qm in qms]),
                           with_grids=False) if pool else X.fetch_rows(session, CE.id < 0, with_grids=False)
     engine = (f"pgvector hnsw ({col}, ef_search={ef}, iterative_scan=relaxed_order, "
-              f"{len(pool)} runs from the index)")
+              f"{len(union)} runs from the index, {len(pool)} compared)")
     return corpus, engine, n_filtered
+
+
+def _nearest_by_vectors(session: Session, col: str, qms: list[QueryMetric], vectors: list[str], run_ids: list[str],
+                        keep: int) -> list[str]:
+    """The ``keep`` of ``run_ids`` nearest to the query by the weighted mean squared distance
+    of their ``col`` vectors over the metrics (of the query's semantics) each has."""
+    values = ", ".join(f"(:m{j}, :k{j}, CAST(:q{j} AS vector), CAST(:w{j} AS double precision))"
+                       for j in range(len(qms)))
+    params: dict[str, Any] = {"version": F.EMBEDDING_VERSION, "ids": run_ids, "keep": keep}
+    for j, (qm, vec) in enumerate(zip(qms, vectors)):
+        params.update({f"m{j}": qm.name, f"k{j}": qm.sem_key, f"q{j}": vec, f"w{j}": qm.weight})
+    rows = session.execute(text(
+        f"SELECT e.run_id FROM curve_embeddings e JOIN (VALUES {values}) AS q(metric, key, vec, weight) "
+        "ON e.metric = q.metric AND e.semantics_key = q.key "
+        "WHERE e.version = :version AND e.run_id = ANY(:ids) GROUP BY e.run_id "
+        f"ORDER BY SUM(q.weight * power(e.{col} <-> q.vec, 2)) / SUM(q.weight), e.run_id LIMIT :keep"), params)
+    return sorted(rows.scalars())
+
+
+def _semantic_groups(session: Session, run: Run, qms: list[QueryMetric], conds: list[Any],
+                     excluded: list[dict[str, Any]], counts: dict[str, int]) -> int:
+    """Count, per compared metric, the other runs (passing the filters) with embeddings of
+    each semantics; record those of other semantics in ``excluded``, the runs comparable on
+    none of the metrics in ``counts`` (they never reach the index's pool), and return the
+    largest number of runs having one of the metrics (the collection size the pool is sized by).
+
+    Without filters the counts come from the (version, metric, semantics_key) index alone,
+    the query run's own rows subtracted; an example run is looked up per excluded group."""
+    CE = CurveEmbedding
+    names = [qm.name for qm in qms]
+    where = [CE.version == F.EMBEDDING_VERSION, CE.metric.in_(names)]
+    stmt = select(CE.metric, CE.semantics_key, func.count()).where(*where)
+    if conds:
+        stmt = stmt.join(Run, Run.id == CE.run_id).where(*conds)
+    groups = {(m, key): int(n) for m, key, n in session.execute(stmt.group_by(CE.metric, CE.semantics_key))}
+    for m, key in session.execute(select(CE.metric, CE.semantics_key).where(*where, CE.run_id == run.id)):
+        if (m, key) in groups:
+            groups[(m, key)] -= 1
+    per_metric: dict[str, int] = {}
+    for (m, key), n in groups.items():
+        per_metric[m] = per_metric.get(m, 0) + n
+    for qm in qms:
+        for (m, key), n in sorted(groups.items()):
+            if m != qm.name or key == qm.sem_key or n <= 0:
+                continue
+            example = select(func.min(CE.run_id)).where(*where, CE.metric == m, CE.semantics_key == key,
+                                                        CE.run_id != run.id)
+            if conds:
+                example = example.join(Run, Run.id == CE.run_id).where(*conds)
+            excluded.append({"reason": "semantics", "metric": m, "count": n, "run_ids": [session.scalar(example)],
+                             "differences": semantic_differences({f: qm.semantics.get(f) for f in X.STRICT_FIELDS},
+                                                                 _key_dict(key))})
+    counts["semantics_pool"] = 0
+    if any(e["reason"] == "semantics" for e in excluded):
+        match = or_(*[(CE.metric == qm.name) & (CE.semantics_key == qm.sem_key) for qm in qms])
+        none_match = select(CE.run_id).where(*where, CE.run_id != run.id).group_by(CE.run_id) \
+            .having(func.max(case((match, 1), else_=0)) == 0)
+        if conds:
+            none_match = none_match.join(Run, Run.id == CE.run_id).where(*conds)
+        counts["semantics_pool"] = int(session.scalar(select(func.count()).select_from(none_match.subquery())) or 0)
+    return max(per_metric.values(), default=0)
 
 
 def find_similar_for_run(registry: Any, run_id: str, *, status: str | None = None, **query: Any) -> Any:
