@@ -10,8 +10,11 @@ semantics (``sqrt(w)`` scaling, i.e. one L2 distance over the concatenated vecto
 pgvector: a NumPy scan over the per-process cache (``index.load_corpus``); whole-run
 queries read cached (runs, metrics x 32) float32 matrices in place, with a coarse PAA-8
 pass first (see ``_stage1``). PostgreSQL with pgvector: an HNSW search per metric in the
-database (``SET LOCAL hnsw.ef_search``, ``hnsw.iterative_scan = relaxed_order`` so filters
-do not starve the scan), then the union is scored as above. Queries the index cannot serve
+database for its ``2 C`` nearest (``SET LOCAL hnsw.ef_search``, ``hnsw.iterative_scan =
+relaxed_order`` so filters do not starve the scan), the union rescored in SQL on every
+metric and cut to ``2 C`` runs, whose PAA rows are loaded and scored as above (see
+``_pgvector_pool``; at 10k runs the pool holds 0.99 of the true top 10 before that cut,
+the cut 0.96). Queries the index cannot serve
 (step alignment, windows, raw scale, exact mode) use the NumPy path and say so in ``engine``.
 
 Stages 1b and 1c (elastic pre-rank): banded DTW_D at coarse resolutions, which follows the
