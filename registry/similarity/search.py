@@ -19,9 +19,9 @@ the cut 0.96). Queries the index cannot serve
 
 Stages 1b and 1c (elastic pre-rank): banded DTW_D at coarse resolutions, which follows the
 warping the Euclidean score cannot: on the PAA-32 vectors (32 points, band 3, ~1/16 of the
-exact cost) the C candidates shrink to ``max(40, 4k)``; on the grids averaged over pairs of
-points (64 points, band 5, ~1/5) those shrink to ``max(RERANK_MIN, RERANK_PER_K * k)`` (20
-for k = 10). Collections of at most 200 eligible runs skip both and get the exact DTW in
+exact cost) the C candidates shrink to ``max(40, 4k, C / 10)``; on the grids averaged over
+pairs of points (64 points, band 5, ~1/5) those shrink to ``max(20, 2k, C / 50)`` (20 for
+k = 10 up to 50k runs, 41 at 100k). Collections of at most 200 eligible runs skip both and get the exact DTW in
 full. (Measured on the benchmark corpus at 10k runs, recall@10 of each stage's pool
 against brute force: Euclidean top 200 0.99, PAA-32 DTW top 40 0.98, 64-point DTW top 20
 0.98.)
@@ -64,12 +64,17 @@ CANDIDATE_SHARE = 0.02
 #: Bands of the coarse elastic stages: PAA-32 vectors (32 points) and halved grids (64 points).
 PAA_WINDOW = 3
 HALF_WINDOW = 5
-#: Stage 1b keeps max(PAA_POOL_MIN, PAA_POOL_PER_K * k) of the C candidates (PAA-32 DTW);
-#: stage 1c keeps max(RERANK_MIN, RERANK_PER_K * k) of those (64-point DTW) for the exact DTW.
+#: Stage 1b keeps max(PAA_POOL_MIN, PAA_POOL_PER_K * k, PAA_POOL_SHARE * C) of the C
+#: candidates (PAA-32 DTW); stage 1c keeps max(RERANK_MIN, RERANK_PER_K * k, RERANK_SHARE * C)
+#: of those (64-point DTW) for the exact DTW. The shares matter from ~50k runs on: larger
+#: collections hold more near-ties (at 100k, pools of 40 and 20 gave recall@10 0.89, 200 and
+#: 40 gave 0.99).
 PAA_POOL_MIN = 40
 PAA_POOL_PER_K = 4
+PAA_POOL_SHARE = 0.1
 RERANK_MIN = 20
 RERANK_PER_K = 2
+RERANK_SHARE = 0.02
 #: Whole-run float64 stacks kept per corpus (one per metric list).
 STACK_CACHE = 8
 HNSW_PER_METRIC = 2  # nearest rows per metric from the index, as a multiple of C
@@ -776,7 +781,7 @@ def _rerank_count(n: int, C: int, k: int, candidates: int | None, rerank: int | 
         return min(C, rerank)
     if candidates is None and n <= MIN_CANDIDATES:
         return C
-    return min(C, max(RERANK_MIN, RERANK_PER_K * k))
+    return min(C, max(RERANK_MIN, RERANK_PER_K * k, math.ceil(RERANK_SHARE * C)))
 
 
 def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | None = None, k: int = 10,
@@ -790,7 +795,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
 
     ``candidates``: stage-1 pool size (default ``max(MIN_CANDIDATES, CANDIDATE_SHARE * n)``);
     ``rerank``: how many of them, in stage-1c order, get the exact DTW (default
-    ``max(RERANK_MIN, RERANK_PER_K * k)``; every candidate when the collection has at most
+    ``max(RERANK_MIN, RERANK_PER_K * k, RERANK_SHARE * C)``; every candidate when the collection has at most
     ``MIN_CANDIDATES`` eligible runs and ``candidates`` is not given).
     """
     t0 = time.perf_counter()
@@ -866,7 +871,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             C = min(n_el, _candidate_count(n_el if not use_pg else n_filtered, candidates))
             cand = _stage1(corpus, el, qms, qpaa, portion, normalize, scales, wvec, C)
             R2 = _rerank_count(n_el if not use_pg else n_filtered, len(cand), k, candidates, rerank)
-            R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k)
+            R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k, math.ceil(PAA_POOL_SHARE * len(cand)))
             if len(cand) > R1:
                 paa_buf = _candidate_paa(corpus, el, cand, qms, portion, normalize, scales, wvec)
                 cand = cand[_elastic_order(qpaa, paa_buf, el.avail[cand], el.wp[cand], R1, PAA_WINDOW)]
