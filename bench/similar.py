@@ -1,6 +1,6 @@
 """Similar-run search benchmark: fidelity and latency at 1k/10k/100k runs, retrieval quality.
 
-Part 1, per corpus size N (``--sizes``, default 1000,10000; 100000 takes about 10 minutes
+Part 1, per corpus size N (``--sizes``, default 1000,10000; 100000 takes about 15 minutes
 on 2 cores): a corpus of N synthetic PPO runs from ``registry.synthetic.generate_run``
 (every PPO kind: healthy and 12 anomaly families; 200-20,000 logged points, step strides
 1/128/2048; CartPole-, Pendulum- and Acrobot-like tasks) x 3 metrics (episode return, KL,
