@@ -615,6 +615,7 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
 def reindex(ctx: click.Context, as_json: bool) -> None:
     """Recompute every run's similarity embeddings (after an upgrade, a method change, or installing pgvector)."""
     from .similarity import pgvector_status, rebuild_embeddings
+    from .similarity.index import NEEDS_SUPERUSER, NOT_ENABLED_HINT
 
     reg = open_from(ctx)
     report = rebuild_embeddings(reg)
@@ -626,6 +627,8 @@ def reindex(ctx: click.Context, as_json: bool) -> None:
         status = pgvector_status(reg.engine)
         where = {"ready": "inside PostgreSQL (pgvector HNSW)", "not postgresql": "in-process NumPy (SQLite)"}
         click.echo(f"candidate stage: {where.get(status, f'in-process NumPy (pgvector {status})')}")
+        if status == NEEDS_SUPERUSER:
+            click.echo(NOT_ENABLED_HINT)
 
 
 @cli.group()

@@ -262,17 +262,83 @@ def test_sb3_real_runs_find_their_kind(registry: Registry, sb3_runs):
     assert kinds[healthy.neighbours[0].run_id] == "healthy"
 
 
+NUMPY_LABELS = {"missing": "numpy (pgvector not installed)",
+                X.NEEDS_SUPERUSER: "numpy (pgvector not created in this database: needs a superuser)"}
+
+
 def test_engine_label_on_postgres_without_pgvector(pg_url: str):
     reg = Registry(pg_url)
     try:
-        if X.pgvector_status(reg.engine) == "ready":
-            pytest.skip("this server has pgvector")
+        status = X.pgvector_status(reg.engine)
+        if status not in NUMPY_LABELS:
+            pytest.skip(f"the plain test server's role can use pgvector ({status})")
         a = register(reg, "a", synthetic("healthy", 0, 100))
         register(reg, "b", synthetic("healthy", 1, 100))
         res = find_similar(reg, a)
-        assert res.engine == "numpy (pgvector not installed)"
+        assert res.engine == NUMPY_LABELS[status]
     finally:
         reg.close()
+
+
+def test_application_role_on_a_pgvector_server_migrates_then_uses_it_once_a_superuser_enables_it():
+    """pgvector is not a trusted extension: a role that is not a superuser cannot create it, and
+    migrating must not fail for that; once a superuser creates it, ``reindex`` moves the search in."""
+    from click.testing import CliRunner
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from registry.cli import cli
+
+    url = os.environ.get("RLREG_TEST_PGVECTOR_URL")
+    if not url:
+        pytest.skip("no pgvector server (set RLREG_TEST_PGVECTOR_URL)")
+    tag = os.urandom(4).hex()
+    role, db = f"rlreg_app_{tag}", f"rlreg_app_{tag}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'app' NOSUPERUSER"))
+        conn.execute(text(f"CREATE DATABASE {db} OWNER {role}"))
+    app_url = make_url(url).set(username=role, password="app", database=db).render_as_string(hide_password=False)
+    try:
+        reg = Registry(app_url)
+        try:
+            assert X.pgvector_status(reg.engine) == X.NEEDS_SUPERUSER
+            a = register(reg, "a", synthetic("healthy", 0, 100))
+            register(reg, "b", synthetic("healthy", 1, 100))
+            register(reg, "c", synthetic("stagnant", 0, 100))
+            assert find_similar(reg, a).engine == NUMPY_LABELS[X.NEEDS_SUPERUSER]
+        finally:
+            reg.close()
+        before = CliRunner().invoke(cli, ["--db", app_url, "reindex"], catch_exceptions=False)
+        assert before.exit_code == 0, before.output
+        assert "candidate stage: in-process NumPy (pgvector needs superuser)" in before.output
+        assert "a superuser must run CREATE EXTENSION vector" in before.output
+        superuser_in_db = create_engine(make_url(url).set(database=db), isolation_level="AUTOCOMMIT")
+        with superuser_in_db.connect() as conn:
+            conn.execute(text("CREATE EXTENSION vector"))
+        superuser_in_db.dispose()
+        reg = Registry(app_url)
+        try:
+            assert X.pgvector_status(reg.engine) == "available"
+        finally:
+            reg.close()
+        after = CliRunner().invoke(cli, ["--db", app_url, "reindex"], catch_exceptions=False)
+        assert after.exit_code == 0, after.output
+        assert "embeddings rebuilt for 3 runs" in after.output
+        assert "candidate stage: inside PostgreSQL (pgvector HNSW)" in after.output
+        reg = Registry(app_url)
+        try:
+            assert X.pgvector_status(reg.engine) == "ready"
+            res = find_similar(reg, a, k=2)
+            assert res.engine.startswith("pgvector hnsw")
+            assert [n.run_id for n in res] == [n.run_id for n in brute_force(reg, a, k=2)]
+        finally:
+            reg.close()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+            conn.execute(text(f"DROP ROLE IF EXISTS {role}"))
+        admin.dispose()
 
 
 @pytest.fixture

@@ -4,10 +4,12 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-02 15:00:00
 
-On PostgreSQL with the pgvector extension available (``pg_available_extensions``), also
-creates the extension and one ``vector(32)`` column per stored level with an HNSW index
-(m=16, ef_construction=64). Without it the table is the same as on SQLite and similarity
-search runs its candidate stage in NumPy. The DDL is frozen here; a server that gains
+On PostgreSQL where pgvector is usable by the migrating role (already created in the
+database, or installable and the role may create it: pgvector is not a trusted extension,
+so that takes a superuser), also creates the extension and one ``vector(32)`` column per
+stored level with an HNSW index (m=16, ef_construction=64). Otherwise the table is the same
+as on SQLite and similarity search runs its candidate stage in NumPy; an application role
+that is not a superuser must not fail here just because the server has pgvector installed. The DDL is frozen here; a server that gains
 pgvector later gets the columns from ``registry.similarity.index.ensure_vector_columns``
 (called by ``rebuild_embeddings``).
 """
@@ -21,6 +23,15 @@ branch_labels = None
 depends_on = None
 
 VECTOR_COLUMNS = ("v010", "v025", "v050", "v100")
+
+# frozen copy of registry.similarity.index.VECTOR_USABLE_SQL as of this revision
+VECTOR_USABLE_SQL = """
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')
+    OR EXISTS (SELECT 1 FROM pg_available_extension_versions v
+               WHERE v.name = 'vector'
+                 AND ((SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+                      OR (v.trusted AND has_database_privilege(current_database(), 'CREATE'))))
+"""
 
 
 def upgrade() -> None:
@@ -60,8 +71,7 @@ def upgrade() -> None:
 
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
-        available = bind.execute(sa.text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")).scalar()
-        if available:
+        if bind.execute(sa.text(VECTOR_USABLE_SQL)).scalar():
             op.execute("CREATE EXTENSION IF NOT EXISTS vector")
             for col in VECTOR_COLUMNS:
                 op.execute(f"ALTER TABLE curve_embeddings ADD COLUMN {col} vector(32)")

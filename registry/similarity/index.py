@@ -72,15 +72,37 @@ def has_vector_columns(bind: Session | Engine) -> bool:
     return known
 
 
+# pgvector is not a trusted extension: only a superuser can create it in a database, so an
+# application role can use it only once it is created there (or if the role is a superuser)
+VECTOR_USABLE_SQL = """
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')
+    OR EXISTS (SELECT 1 FROM pg_available_extension_versions v
+               WHERE v.name = 'vector'
+                 AND ((SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+                      OR (v.trusted AND has_database_privilege(current_database(), 'CREATE'))))
+"""
+
+NEEDS_SUPERUSER = "needs superuser"
+NOT_ENABLED_HINT = ("pgvector is installed on the server but not created in this database, and this role may not "
+                    "create it: a superuser must run CREATE EXTENSION vector in it, then `rlreg reindex`")
+
+
 def pgvector_status(engine: Engine) -> str:
-    """'ready', 'available' (extension installable, columns missing), 'missing' or 'not postgresql'."""
+    """The candidate stage's footing on this database.
+
+    'ready' (vector columns present), 'available' (this role can add them: ``rebuild_embeddings``),
+    'needs superuser' (pgvector installed on the server, not created in this database, and this
+    role may not create it), 'missing' (not installed) or 'not postgresql'.
+    """
     if engine.dialect.name != "postgresql":
         return "not postgresql"
     if has_vector_columns(engine):
         return "ready"
     with engine.connect() as conn:
-        ok = conn.execute(text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")).scalar()
-    return "available" if ok else "missing"
+        if conn.execute(text(VECTOR_USABLE_SQL)).scalar():
+            return "available"
+        installed = conn.execute(text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")).scalar()
+    return NEEDS_SUPERUSER if installed else "missing"
 
 
 def ensure_vector_columns(engine: Engine) -> bool:

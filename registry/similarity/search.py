@@ -900,7 +900,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         others = corpus.other_versions if not use_pg else X.other_version_runs(session)
         if others:
             warnings.append(f"{others} run(s) only have embeddings of another version and are not compared; "
-                            "run rebuild_embeddings to recompute them")
+                            "run `rlreg reindex` to recompute them")
     objective = next((qm.name for qm in qms if available[qm.name]["layer"] == "objective"), None)
     result = SimilarResult(
         query={"run_id": run.id, "name": run.name, "status": run.status, "verdict": run.verdict,
@@ -934,8 +934,9 @@ def _numpy_engine_label(session: Session, portion: Portion, normalize: str, exac
         return "numpy"
     status = X.pgvector_status(X._engine_of(session))
     if status != "ready":
-        return "numpy (pgvector not installed)" if status == "missing" else \
-            "numpy (pgvector available but not enabled: run rebuild_embeddings)"
+        return {"missing": "numpy (pgvector not installed)",
+                X.NEEDS_SUPERUSER: "numpy (pgvector not created in this database: needs a superuser)",
+                }.get(status, "numpy (pgvector available but not enabled: run `rlreg reindex`)")
     why = ("exact mode" if exact else "raw-scale queries" if normalize == "raw" else
            "step-aligned queries" if portion.kind == "step" else "window queries")
     return f"numpy ({why} are not served by the pgvector index)"
