@@ -9,9 +9,9 @@ database, or installable and the role may create it: pgvector is not a trusted e
 so that takes a superuser), also creates the extension and one ``vector(32)`` column per
 stored level with an HNSW index (m=16, ef_construction=64). Otherwise the table is the same
 as on SQLite and similarity search runs its candidate stage in NumPy; an application role
-that is not a superuser must not fail here just because the server has pgvector installed. The DDL is frozen here; a server that gains
-pgvector later gets the columns from ``registry.similarity.index.ensure_vector_columns``
-(called by ``rebuild_embeddings``).
+that is not a superuser must not fail here just because the server has pgvector installed.
+The DDL is frozen here; a database that gains pgvector later gets the columns from
+``registry.similarity.index.ensure_vector_columns`` (called by ``rebuild_embeddings``).
 """
 from alembic import op
 import sqlalchemy as sa
