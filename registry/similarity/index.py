@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Engine, MetaData, delete, func, select, text, true, update
+from sqlalchemy import Engine, MetaData, delete, exists, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
 from ..models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
@@ -418,9 +418,14 @@ CACHE = _CorpusCache()
 
 def other_version_runs(session: Session, version: str = F.EMBEDDING_VERSION) -> int:
     """Runs with embeddings of another version only (they are not compared until rebuilt)."""
+    # "<" or ">" rather than "!=": two range scans of the version index, so the usual answer
+    # (no other version at all) costs a lookup, not a pass over the table
+    other = or_(CurveEmbedding.version < version, CurveEmbedding.version > version)
+    if not session.scalar(select(exists().where(other))):
+        return 0
     current = select(CurveEmbedding.run_id).where(CurveEmbedding.version == version)
     return int(session.scalar(select(func.count(func.distinct(CurveEmbedding.run_id)))
-                              .where(CurveEmbedding.version != version, CurveEmbedding.run_id.not_in(current))) or 0)
+                              .where(other, CurveEmbedding.run_id.not_in(current))) or 0)
 
 
 def load_corpus(session: Session, version: str = F.EMBEDDING_VERSION) -> Corpus:

@@ -9,19 +9,21 @@ semantics (``sqrt(w)`` scaling, i.e. one L2 distance over the concatenated vecto
 ``C = max(200, 2% of the eligible runs)`` nearest go on. SQLite, and PostgreSQL without
 pgvector: a NumPy scan over the per-process cache (``index.load_corpus``); whole-run
 queries read cached (runs, metrics x 32) float32 matrices in place, with a coarse PAA-8
-pass first (see ``_stage1``). PostgreSQL with pgvector: an HNSW search per metric in the
-database for its ``2 C`` nearest (``SET LOCAL hnsw.ef_search``, ``hnsw.iterative_scan =
-relaxed_order`` so filters do not starve the scan), the union rescored in SQL on every
-metric and cut to ``2 C`` runs, whose PAA rows are loaded and scored as above (see
-``_pgvector_pool``; measured at 10k runs: recall@10 0.96 end to end, against 0.89 when the
-union of per-metric lists of C was loaded unscored). Queries the index cannot serve
+pass first (see ``_stage1``). PostgreSQL with pgvector: C = ``max(200, 2 sqrt(n))``
+(every candidate costs database work there, see ``INDEX_CANDIDATE_SQRT``); an HNSW search
+per metric in the database for its ``2 C`` nearest (``SET LOCAL hnsw.ef_search``,
+``hnsw.iterative_scan = relaxed_order`` so filters do not starve the scan), the union
+rescored in SQL on every metric and cut to ``2 C`` runs, whose PAA rows are loaded and
+scored as above (see ``_pgvector_pool``; measured at 10k runs: recall@10 0.96 end to end,
+against 0.89 when the union of per-metric lists of C was loaded unscored). Queries the index cannot serve
 (step alignment, windows, raw scale, exact mode) use the NumPy path and say so in ``engine``.
 
 Stages 1b and 1c (elastic pre-rank): banded DTW_D at coarse resolutions, which follows the
 warping the Euclidean score cannot: on the PAA-32 vectors (32 points, band 3, ~1/16 of the
-exact cost) the C candidates shrink to ``max(40, 4k, C / 10)``; on the grids averaged over
-pairs of points (64 points, band 5, ~1/5) those shrink to ``max(20, 2k, C / 50)`` (20 for
-k = 10 up to 50k runs, 41 at 100k). Collections of at most 200 eligible runs skip both and get the exact DTW in
+exact cost) the C candidates shrink to ``max(40, 4k, n / 500)``; on the grids averaged over
+pairs of points (64 points, band 5, ~1/5) those shrink to ``max(20, 2k, n / 2500)`` (20 for
+k = 10 up to 50k runs, 40 at 100k; n / 500 and n / 2500 are the shares 1/10 and 1/50 of
+the full scan's C). Collections of at most 200 eligible runs skip both and get the exact DTW in
 full. (Measured on the benchmark corpus at 10k runs, recall@10 of each stage's pool
 against brute force: Euclidean top 200 0.99, PAA-32 DTW top 40 0.98, 64-point DTW top 20
 0.98.)
@@ -78,6 +80,11 @@ RERANK_SHARE = 0.02
 #: Whole-run float64 stacks kept per corpus (one per metric list).
 STACK_CACHE = 8
 HNSW_PER_METRIC = 2  # nearest rows per metric from the index, as a multiple of C
+#: With the HNSW index every candidate costs database work (index steps, a rescored row, a
+#: fetched row), so there C grows as INDEX_CANDIDATE_SQRT * sqrt(n) instead of with n, while
+#: the elastic pools keep their size for the collection (shares of the in-process C). At 100k
+#: runs: C = 633, recall@10 0.965, p50 446 ms; C = 2,000 gave 0.990 but 981 ms.
+INDEX_CANDIDATE_SQRT = 2.0
 _STACK_LOCK = threading.Lock()
 #: Planned-length hyperparameters, used to place a running run's progress on the fraction axis.
 TOTAL_STEP_PARAMS = ("total_timesteps", "n_timesteps", "total_training_steps", "max_steps", "total_steps",
@@ -773,6 +780,12 @@ def _candidate_count(n: int, candidates: int | None) -> int:
         int(candidates or max(MIN_CANDIDATES, math.ceil(CANDIDATE_SHARE * n)))
 
 
+def _index_candidate_count(n: int, candidates: int | None) -> int:
+    """Stage-1 pool size when the candidates come from the HNSW index (see INDEX_CANDIDATE_SQRT)."""
+    return n if candidates is None and n <= MIN_CANDIDATES else \
+        int(candidates or max(MIN_CANDIDATES, math.ceil(INDEX_CANDIDATE_SQRT * math.sqrt(n))))
+
+
 def _rerank_count(n: int, C: int, k: int, candidates: int | None, rerank: int | None) -> int:
     """Size of the exact-DTW pool among C stage-1 candidates (see ``find_similar``)."""
     if rerank is not None:
@@ -868,10 +881,12 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             cand = np.arange(n_el)
             C = n_el
         else:
-            C = min(n_el, _candidate_count(n_el if not use_pg else n_filtered, candidates))
+            n_all = n_filtered if use_pg else n_el
+            C_scan = _candidate_count(n_all, candidates)  # what a full scan keeps: sizes the pools
+            C = min(n_el, _index_candidate_count(n_all, candidates) if use_pg else C_scan)
             cand = _stage1(corpus, el, qms, qpaa, portion, normalize, scales, wvec, C)
-            R2 = _rerank_count(n_el if not use_pg else n_filtered, len(cand), k, candidates, rerank)
-            R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k, math.ceil(PAA_POOL_SHARE * len(cand)))
+            R2 = min(len(cand), _rerank_count(n_all, C_scan, k, candidates, rerank))
+            R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k, math.ceil(PAA_POOL_SHARE * C_scan))
             if len(cand) > R1:
                 paa_buf = _candidate_paa(corpus, el, cand, qms, portion, normalize, scales, wvec)
                 cand = cand[_elastic_order(qpaa, paa_buf, el.avail[cand], el.wp[cand], R1, PAA_WINDOW)]
@@ -1049,7 +1064,7 @@ def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: 
     level_i = int(np.argmin(np.abs(np.log(np.asarray(F.LEVELS) / max(portion.end, 1e-6)))))
     col = X.VECTOR_COLUMNS[level_i]
     n_filtered = _semantic_groups(session, run, qms, conds, excluded, counts)
-    C = _candidate_count(n_filtered, candidates)
+    C = _index_candidate_count(n_filtered, candidates)
     if F.LEVELS[level_i] != portion.end:
         C *= 2  # the stored level only approximates this prefix: widen the pool
     limit = HNSW_PER_METRIC * C
