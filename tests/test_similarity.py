@@ -299,41 +299,35 @@ def test_application_role_on_a_pgvector_server_migrates_then_uses_it_once_a_supe
         conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'app' NOSUPERUSER"))
         conn.execute(text(f"CREATE DATABASE {db} OWNER {role}"))
     app_url = make_url(url).set(username=role, password="app", database=db).render_as_string(hide_password=False)
+    def reindex() -> str:
+        out = CliRunner().invoke(cli, ["--db", app_url, "reindex"], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
     try:
-        reg = Registry(app_url)
-        try:
+        with Registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == X.NEEDS_SUPERUSER
             a = register(reg, "a", synthetic("healthy", 0, 100))
             register(reg, "b", synthetic("healthy", 1, 100))
             register(reg, "c", synthetic("stagnant", 0, 100))
             assert find_similar(reg, a).engine == NUMPY_LABELS[X.NEEDS_SUPERUSER]
-        finally:
-            reg.close()
-        before = CliRunner().invoke(cli, ["--db", app_url, "reindex"], catch_exceptions=False)
-        assert before.exit_code == 0, before.output
-        assert "candidate stage: in-process NumPy (pgvector needs superuser)" in before.output
-        assert "a superuser must run CREATE EXTENSION vector" in before.output
+        before = reindex()
+        assert "candidate stage: in-process NumPy (pgvector needs superuser)" in before
+        assert "a superuser must run CREATE EXTENSION vector" in before
         superuser_in_db = create_engine(make_url(url).set(database=db), isolation_level="AUTOCOMMIT")
         with superuser_in_db.connect() as conn:
             conn.execute(text("CREATE EXTENSION vector"))
         superuser_in_db.dispose()
-        reg = Registry(app_url)
-        try:
+        with Registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == "available"
-        finally:
-            reg.close()
-        after = CliRunner().invoke(cli, ["--db", app_url, "reindex"], catch_exceptions=False)
-        assert after.exit_code == 0, after.output
-        assert "embeddings rebuilt for 3 runs" in after.output
-        assert "candidate stage: inside PostgreSQL (pgvector HNSW)" in after.output
-        reg = Registry(app_url)
-        try:
+        after = reindex()
+        assert "embeddings rebuilt for 3 runs" in after
+        assert "candidate stage: inside PostgreSQL (pgvector HNSW)" in after
+        with Registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == "ready"
             res = find_similar(reg, a, k=2)
             assert res.engine.startswith("pgvector hnsw")
             assert [n.run_id for n in res] == [n.run_id for n in brute_force(reg, a, k=2)]
-        finally:
-            reg.close()
     finally:
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
