@@ -551,20 +551,19 @@ def _scales(corpus: X.Corpus, qms: list[QueryMetric], normalize: str) -> list[fl
     return out
 
 
-def _stage_features(corpus: X.Corpus, el: _Eligible, sel: np.ndarray, portion: Portion, normalize: str,
-                    scales: list[float], kind: str, weights: np.ndarray, grids: np.ndarray | None = None) -> np.ndarray:
-    """(len(sel), n, M) features of eligible runs ``sel``, sqrt(w)-scaled, zeros where not compared.
+def _stage_grids(corpus: X.Corpus, el: _Eligible, sel: np.ndarray, portion: Portion, normalize: str,
+                 scales: list[float], weights: np.ndarray, grids: np.ndarray | None = None) -> np.ndarray:
+    """(len(sel), GRID, M) stage-2 grids of eligible runs ``sel``, sqrt(w)-scaled, zeros where not compared.
 
     ``grids``: (len(sel), M, levels, GRID) fetched for ``sel``, when the corpus holds none.
     """
-    n = F.PAA if kind == "paa" else F.GRID
-    out = np.zeros((len(sel), n, len(scales)))
+    out = np.zeros((len(sel), F.GRID, len(scales)))
     for j in range(len(scales)):
         have = el.avail[sel, j]
         rows = el.rows[sel[have], j]
         g = None if grids is None else grids[have, j]
         feats = _row_features(corpus, rows, el.s[sel[have], j], el.e[sel[have], j], portion.whole, normalize,
-                              scales[j], kind, g)
+                              scales[j], "grid", g)
         out[have, :, j] = feats * math.sqrt(weights[j])
     return out
 
@@ -576,9 +575,10 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
 
     kind "grid": (R, GRID, M) C-contiguous float64 whole-run z-grids (None: grids not loaded);
     "half": the same averaged over pairs of points, (R, GRID / 2, M) (stage 1c);
-    "quarter": the PAA-32 vectors laid out the same way, (R, PAA, M) float64 (stage 1b);
-    "paa": ((R, M * PAA) float32 PAA vectors, metric-major, (R, M) float32 squared norms, and
-    the same two for PAA-8: means of 4 consecutive PAA-32 segments).
+    "paa": ((R, PAA * M) float32 PAA vectors laid out like the grids (point-major), (R, M)
+    float32 squared norms, and the same two for PAA-8: means of 4 consecutive PAA-32
+    segments). Stage 1 gathers its pool's rows from it once and hands the survivors' rows
+    to stage 1b as they are (one layout: no second gather from a float64 copy).
     """
     key = (kind, tuple(names))
     with _STACK_LOCK:
@@ -587,22 +587,17 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
         if hit is None:
             if kind in ("grid", "half") and corpus.grids is None:
                 return None
-            if kind == "quarter":
-                hit = np.zeros((len(corpus.run_ids), F.PAA, len(names)))
-                for j, name in enumerate(names):
-                    hit[:, :, j] = corpus.dense(name)[3]
-            elif kind in ("grid", "half"):
+            if kind in ("grid", "half"):
                 hit = np.zeros((len(corpus.run_ids), F.GRID, len(names)))
                 for j, name in enumerate(names):
                     hit[:, :, j] = corpus.whole_grids(name)
                 if kind == "half":
                     hit = np.ascontiguousarray(_halve(hit))
             else:
-                x = np.ascontiguousarray(np.concatenate([corpus.dense(n)[3] for n in names], axis=1))
-                x8 = np.ascontiguousarray(x.reshape(len(x), len(names), F.PAA // 4, 4).mean(axis=-1)
-                                          .reshape(len(x), -1))
-                hit = (x, np.stack([corpus.dense(n)[4] for n in names], axis=1).astype(np.float32),
-                       x8, np.einsum("rmp,rmp->rm", *(2 * [x8.reshape(len(x), len(names), -1)])))
+                x = np.stack([corpus.dense(n)[3] for n in names], axis=2)  # (R, PAA, M)
+                x8 = x.reshape(len(x), F.PAA // 4, 4, len(names)).mean(axis=2)
+                hit = (x.reshape(len(x), -1), np.stack([corpus.dense(n)[4] for n in names], axis=1),
+                       np.ascontiguousarray(x8.reshape(len(x), -1)), np.einsum("rpm,rpm->rm", x8, x8))
             while len(cache) >= STACK_CACHE:
                 cache.pop(next(iter(cache)))
         cache[key] = hit  # most recent last
@@ -622,20 +617,36 @@ def _weight_mask(el: _Eligible, sel: np.ndarray, wvec: np.ndarray) -> np.ndarray
     return avail * np.sqrt(wvec)[None, :]
 
 
-def _gather(base: np.ndarray, idx: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """(len(idx) + 1, n, M) float64: slot 0 free for the query, then base[idx] times mask."""
-    buf = np.empty((len(idx) + 1, *base.shape[1:]))
+def _gather(base: np.ndarray, idx: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray:
+    """(len(idx) + 1, n, M) float64: slot 0 free for the query, then base[idx] (idx None:
+    all of base) times mask."""
+    buf = np.empty(((len(base) if idx is None else len(idx)) + 1, *base.shape[1:]))
     buf[0] = 0.0
-    np.take(base, idx, axis=0, out=buf[1:])
+    if idx is None:
+        buf[1:] = base
+    else:
+        np.take(base, idx, axis=0, out=buf[1:])
     if mask is not None:
         buf[1:] *= mask[:, None, :]
     return buf
 
 
+def _smallest(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k smallest values, unordered (ties at the k-th: the first ones).
+
+    A partition of the values plus one comparison pass: about half the time of
+    ``np.argpartition`` on 10k scores, which sorts an index array along."""
+    if k >= len(values):
+        return np.arange(len(values))
+    kth = np.partition(values, k - 1)[k - 1]
+    return np.flatnonzero(values <= kth)[:k]
+
+
 def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qpaa: np.ndarray, portion: Portion,
-            normalize: str, scales: list[float], wvec: np.ndarray, C: int) -> np.ndarray:
+            normalize: str, scales: list[float], wvec: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
     """The C candidates (eligible positions) nearest by Euclidean distance of PAA-32
-    vectors (weighted, per compared weight), best first.
+    vectors (weighted, per compared weight), best first, and their (C, PAA, M) float32
+    PAA vectors (unweighted; channels a candidate does not compare may hold values).
 
     Whole-run z queries read the cached per-run PAA matrix in place; when the collection is
     larger than ``3 C``, a coarse pass over PAA-8 vectors (means of 4 PAA-32 segments: a
@@ -645,57 +656,58 @@ def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qpaa: np.nd
     grids were denoised.) Other portions cut every eligible row's PAA vector per query.
     """
     n, M = len(el.runs), len(qms)
-    q = (qpaa / np.sqrt(wvec)[None, :]).T.astype(np.float32)  # (M, PAA) unweighted
+    q = (qpaa / np.sqrt(wvec)[None, :]).astype(np.float32)  # (PAA, M) unweighted
     w = wvec.astype(np.float32)
     avail = None if el.avail.all() else el.avail
     if portion.whole and normalize == "z":
         x_all, norms, x8, norms8 = _whole_stack(corpus, [qm.name for qm in qms], "paa")
         pool = np.arange(n)
         if 3 * C < n:
-            q8 = q.reshape(M, F.PAA // 4, 4).mean(axis=-1)
+            q8 = q.reshape(F.PAA // 4, 4, M).mean(axis=1)
             if avail is None:
                 coarse = _paa_scores(x8, norms8, q8, w, None)[el.runs]
             else:
                 coarse = _paa_scores(x8[el.runs], norms8[el.runs], q8, w, avail)
-            pool = np.argpartition(coarse, 3 * C - 1)[:3 * C]
+            pool = _smallest(coarse, 3 * C)
         rows = el.runs[pool]
-        ed = _paa_scores(x_all[rows], norms[rows], q, w, None if avail is None else avail[pool])
+        x = x_all[rows]
+        ed = _paa_scores(x, norms[rows], q, w, None if avail is None else avail[pool])
+        pos = np.arange(len(pool))
     else:
-        pool = np.arange(n)
-        x = np.zeros((n, M, F.PAA), dtype=np.float32)
+        pool = pos = np.arange(n)
+        x = np.zeros((n, F.PAA, M), dtype=np.float32)
         for j in range(M):
             have = el.avail[:, j]
-            x[have, j] = _row_features(corpus, el.rows[have, j], el.s[have, j], el.e[have, j], portion.whole,
-                                       normalize, scales[j], "paa")
-        x = x.reshape(n, M * F.PAA)
-        ed = _paa_scores(x, np.einsum("rmp,rmp->rm", *(2 * [x.reshape(n, M, F.PAA)])), q, w, avail)
+            x[have, :, j] = _row_features(corpus, el.rows[have, j], el.s[have, j], el.e[have, j], portion.whole,
+                                          normalize, scales[j], "paa")
+        norms = np.einsum("rpm,rpm->rm", x, x)
+        x = x.reshape(n, -1)
+        ed = _paa_scores(x, norms, q, w, avail)
     if avail is not None:
         ed /= el.wp[pool]
     if C < len(pool):
-        part = np.argpartition(ed, C - 1)[:C]
-        pool, ed = pool[part], ed[part]
-    return pool[np.argsort(ed, kind="stable")]
+        pos = _smallest(ed, C)
+    pos = pos[np.argsort(ed[pos], kind="stable")]
+    return pool[pos], x[pos].reshape(len(pos), F.PAA, M)
 
 
 def _paa_scores(x: np.ndarray, norms: np.ndarray, q: np.ndarray, w: np.ndarray,
                 avail: np.ndarray | None) -> np.ndarray:
-    """Weighted squared Euclidean distance of each row of ``x`` ((R, M * P) float32,
-    metric-major; ``norms`` (R, M) their squared norms) to the query's (M, P) vectors, over
-    the metrics a row compares (``avail`` (R, M); None: all). All compared: one matrix-vector
-    product with the weights folded into the query (a single pass over the rows); else one
-    product with a block-diagonal query matrix, per metric. (Both avoid reductions over the
-    short metric axis, which cost more than the products at 10k rows.)"""
-    qq = np.einsum("mp,mp->m", q, q)
+    """Weighted squared Euclidean distance of each row of ``x`` ((R, P * M) float32,
+    point-major; ``norms`` (R, M) their squared norms per metric) to the query's (P, M)
+    vectors, over the metrics a row compares (``avail`` (R, M); None: all). All compared: one
+    matrix-vector product with the weights folded into the query (a single pass over the
+    rows); else one product with a block-diagonal query matrix, per metric. (Both avoid
+    reductions over the short metric axis, which cost more than the products at 10k rows.)"""
+    qq = np.einsum("pm,pm->m", q, q)
     if avail is None:
-        ed = x @ (q * w[:, None]).reshape(-1)
+        ed = x @ (q * w[None, :]).reshape(-1)
         ed *= -2.0
         ed += norms @ w
         ed += float(qq @ w)
         return np.maximum(ed, 0.0, out=ed)
-    M, P = q.shape
-    blocks = np.zeros((M * P, M), dtype=np.float32)
-    for j in range(M):
-        blocks[j * P:(j + 1) * P, j] = q[j]
+    P, M = q.shape
+    blocks = (q[:, :, None] * np.eye(M, dtype=np.float32)[None]).reshape(P * M, M)
     d = x @ blocks
     d *= -2.0
     d += norms
@@ -726,18 +738,6 @@ def _elastic_order(q: np.ndarray, buf: np.ndarray, avail: np.ndarray, wp: np.nda
     return np.argsort(d, kind="stable")
 
 
-def _candidate_paa(corpus: X.Corpus, el: _Eligible, cand: np.ndarray, qms: list[QueryMetric], portion: Portion,
-                   normalize: str, scales: list[float], wvec: np.ndarray) -> np.ndarray:
-    """(len(cand) + 1, PAA, M) float64 PAA vectors of the candidates, sqrt(w)-scaled, zeros
-    where not compared; slot 0 is left for the query."""
-    if portion.whole and normalize == "z":
-        return _gather(_whole_stack(corpus, [qm.name for qm in qms], "quarter"), el.runs[cand],
-                       _weight_mask(el, cand, wvec))
-    buf = np.zeros((len(cand) + 1, F.PAA, len(qms)))
-    buf[1:] = _stage_features(corpus, el, cand, portion, normalize, scales, "paa", wvec)
-    return buf
-
-
 def _candidate_grids(session: Session, corpus: X.Corpus, el: _Eligible, cand: np.ndarray, qms: list[QueryMetric],
                      portion: Portion, normalize: str, scales: list[float], wvec: np.ndarray,
                      kind: str = "grid") -> np.ndarray | None:
@@ -750,7 +750,7 @@ def _candidate_grids(session: Session, corpus: X.Corpus, el: _Eligible, cand: np
     if kind == "half":
         return None
     grids = _fetch_candidate_grids(session, corpus, el, cand) if corpus.grids is None else None
-    xs = _stage_features(corpus, el, cand, portion, normalize, scales, "grid", wvec, grids)
+    xs = _stage_grids(corpus, el, cand, portion, normalize, scales, wvec, grids)
     buf = np.zeros((len(cand) + 1, F.GRID, len(qms)))
     buf[1:] = xs
     return buf
@@ -884,11 +884,11 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             n_all = n_filtered if use_pg else n_el
             C_scan = _candidate_count(n_all, candidates)  # what a full scan keeps: sizes the pools
             C = min(n_el, _index_candidate_count(n_all, candidates) if use_pg else C_scan)
-            cand = _stage1(corpus, el, qms, qpaa, portion, normalize, scales, wvec, C)
+            cand, cand_paa = _stage1(corpus, el, qms, qpaa, portion, normalize, scales, wvec, C)
             R2 = min(len(cand), _rerank_count(n_all, C_scan, k, candidates, rerank))
             R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k, math.ceil(PAA_POOL_SHARE * C_scan))
             if len(cand) > R1:
-                paa_buf = _candidate_paa(corpus, el, cand, qms, portion, normalize, scales, wvec)
+                paa_buf = _gather(cand_paa, None, _weight_mask(el, cand, wvec))
                 cand = cand[_elastic_order(qpaa, paa_buf, el.avail[cand], el.wp[cand], R1, PAA_WINDOW)]
                 n_paa = C
             if len(cand) > 1:  # (also when R2 covers them all: the order seeds the early abandoning)
