@@ -575,10 +575,10 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
 
     kind "grid": (R, GRID, M) C-contiguous float64 whole-run z-grids (None: grids not loaded);
     "half": the same averaged over pairs of points, (R, GRID / 2, M) (stage 1c);
-    "paa": ((R, PAA * M) float32 PAA vectors laid out like the grids (point-major), (R, M)
-    float32 squared norms, and the same two for PAA-8: means of 4 consecutive PAA-32
-    segments). Stage 1 gathers its pool's rows from it once and hands the survivors' rows
-    to stage 1b as they are (one layout: no second gather from a float64 copy).
+    "paa": (R, PAA * M + M) float32 rows, see ``_with_norms``: the PAA vectors laid out like
+    the grids (point-major) and their squared norms per metric; and the same for PAA-8
+    (means of 4 consecutive PAA-32 segments). Stage 1 gathers its pool's rows from it once
+    and hands the survivors' vectors to stage 1b as they are (no second gather).
     """
     key = (kind, tuple(names))
     with _STACK_LOCK:
@@ -595,13 +595,17 @@ def _whole_stack(corpus: X.Corpus, names: Sequence[str], kind: str) -> Any:
                     hit = np.ascontiguousarray(_halve(hit))
             else:
                 x = np.stack([corpus.dense(n)[3] for n in names], axis=2)  # (R, PAA, M)
-                x8 = x.reshape(len(x), F.PAA // 4, 4, len(names)).mean(axis=2)
-                hit = (x.reshape(len(x), -1), np.stack([corpus.dense(n)[4] for n in names], axis=1),
-                       np.ascontiguousarray(x8.reshape(len(x), -1)), np.einsum("rpm,rpm->rm", x8, x8))
+                hit = (_with_norms(x), _with_norms(x.reshape(len(x), F.PAA // 4, 4, len(names)).mean(axis=2)))
             while len(cache) >= STACK_CACHE:
                 cache.pop(next(iter(cache)))
         cache[key] = hit  # most recent last
     return hit
+
+
+def _with_norms(x: np.ndarray) -> np.ndarray:
+    """(R, P, M) float32 -> (R, P * M + M): each row's values, then its squared norm per
+    metric, so that one matrix product over the rows gives the distances (``_paa_scores``)."""
+    return np.concatenate([x.reshape(len(x), -1), np.einsum("rpm,rpm->rm", x, x)], axis=1, dtype=np.float32)
 
 
 def _halve(x: np.ndarray) -> np.ndarray:
@@ -660,18 +664,17 @@ def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qpaa: np.nd
     w = wvec.astype(np.float32)
     avail = None if el.avail.all() else el.avail
     if portion.whole and normalize == "z":
-        x_all, norms, x8, norms8 = _whole_stack(corpus, [qm.name for qm in qms], "paa")
+        x_all, x8 = _whole_stack(corpus, [qm.name for qm in qms], "paa")
         pool = np.arange(n)
         if 3 * C < n:
             q8 = q.reshape(F.PAA // 4, 4, M).mean(axis=1)
             if avail is None:
-                coarse = _paa_scores(x8, norms8, q8, w, None)[el.runs]
+                coarse = _paa_scores(x8, q8, w, None)[el.runs]
             else:
-                coarse = _paa_scores(x8[el.runs], norms8[el.runs], q8, w, avail)
+                coarse = _paa_scores(x8[el.runs], q8, w, avail)
             pool = _smallest(coarse, 3 * C)
-        rows = el.runs[pool]
-        x = x_all[rows]
-        ed = _paa_scores(x, norms[rows], q, w, None if avail is None else avail[pool])
+        x = x_all[el.runs[pool]]
+        ed = _paa_scores(x, q, w, None if avail is None else avail[pool])
         pos = np.arange(len(pool))
     else:
         pool = pos = np.arange(n)
@@ -680,37 +683,31 @@ def _stage1(corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qpaa: np.nd
             have = el.avail[:, j]
             x[have, :, j] = _row_features(corpus, el.rows[have, j], el.s[have, j], el.e[have, j], portion.whole,
                                           normalize, scales[j], "paa")
-        norms = np.einsum("rpm,rpm->rm", x, x)
-        x = x.reshape(n, -1)
-        ed = _paa_scores(x, norms, q, w, avail)
+        x = _with_norms(x)
+        ed = _paa_scores(x, q, w, avail)
     if avail is not None:
         ed /= el.wp[pool]
     if C < len(pool):
         pos = _smallest(ed, C)
     pos = pos[np.argsort(ed[pos], kind="stable")]
-    return pool[pos], x[pos].reshape(len(pos), F.PAA, M)
+    return pool[pos], x[pos, :F.PAA * M].reshape(len(pos), F.PAA, M)
 
 
-def _paa_scores(x: np.ndarray, norms: np.ndarray, q: np.ndarray, w: np.ndarray,
-                avail: np.ndarray | None) -> np.ndarray:
-    """Weighted squared Euclidean distance of each row of ``x`` ((R, P * M) float32,
-    point-major; ``norms`` (R, M) their squared norms per metric) to the query's (P, M)
-    vectors, over the metrics a row compares (``avail`` (R, M); None: all). All compared: one
+def _paa_scores(x: np.ndarray, q: np.ndarray, w: np.ndarray, avail: np.ndarray | None) -> np.ndarray:
+    """Weighted squared Euclidean distance of each row of ``x`` ((R, P * M + M) float32 from
+    ``_with_norms``) to the query's (P, M) vectors, over the metrics a row compares
+    (``avail`` (R, M); None: all), as ||x||^2 - 2 x.q + ||q||^2. All compared: one
     matrix-vector product with the weights folded into the query (a single pass over the
     rows); else one product with a block-diagonal query matrix, per metric. (Both avoid
     reductions over the short metric axis, which cost more than the products at 10k rows.)"""
+    P, M = q.shape
     qq = np.einsum("pm,pm->m", q, q)
     if avail is None:
-        ed = x @ (q * w[None, :]).reshape(-1)
-        ed *= -2.0
-        ed += norms @ w
+        ed = x @ np.concatenate([-2.0 * (q * w[None, :]).reshape(-1), w]).astype(np.float32)
         ed += float(qq @ w)
         return np.maximum(ed, 0.0, out=ed)
-    P, M = q.shape
-    blocks = (q[:, :, None] * np.eye(M, dtype=np.float32)[None]).reshape(P * M, M)
-    d = x @ blocks
-    d *= -2.0
-    d += norms
+    blocks = np.concatenate([(-2.0 * q[:, :, None] * np.eye(M)[None]).reshape(P * M, M), np.eye(M)])
+    d = x @ blocks.astype(np.float32)
     d += qq[None, :]
     np.maximum(d, 0.0, out=d)
     return (d * avail) @ w
