@@ -273,7 +273,8 @@ class CurveEmbedding(Base):
     ``version`` names the preprocessing (``features.EMBEDDING_VERSION``): a query only ever
     compares rows of one version. Rows are replaced (delete + insert), never updated, so the
     autoincrement ``id`` only grows and ``(max(id), count)`` identifies the table's state
-    for the per-process cache. On a PostgreSQL server with pgvector the migration adds
+    for the per-process cache (on SQLite, triggers keep the count per version in the unmapped
+    table ``embedding_row_counts``, migration 0005). On a PostgreSQL server with pgvector the migration adds
     ``v010 v025 v050 v100 vector(32)`` columns (one per level) with HNSW indexes; they are
     written by ``registry.similarity.index`` and are not mapped here.
     """

@@ -230,6 +230,50 @@ def test_refresh_rule_and_cache_reuse(registry: Registry):
     assert X.CACHE.loads <= loads + 1
 
 
+def test_cache_state_follows_every_change_of_the_embeddings(registry: Registry):
+    """(max id, row count) per version, the cache's signal to reload, stays exact through
+    registration, a streaming replacement, a run deleted (rows removed by the foreign-key
+    cascade), a rebuild that drops another version, and (SQLite, where the count is kept by
+    triggers) a downgrade and upgrade that recount the rows already there."""
+    from registry.migrate import downgrade, upgrade
+
+    def counted(version: str = EMBEDDING_VERSION) -> tuple[int, int]:
+        with registry.read() as s:
+            max_id, n = s.execute(select(func.max(CurveEmbedding.id), func.count())
+                                  .where(CurveEmbedding.version == version)).one()
+        return int(max_id or 0), int(n)
+
+    def state(version: str = EMBEDDING_VERSION) -> tuple[int, int]:
+        with registry.read() as s:
+            return X.embedding_state(s, version)
+
+    assert state() == (0, 0)
+    ids = [register(registry, f"r{i}", synthetic("healthy", i, 300)) for i in range(3)]
+    assert state() == counted() and counted()[1] == 3 * len(METRICS)
+    run = synthetic("healthy", 9, 400)
+    handle = registry.create_run("streaming", algorithm="ppo", framework="custom")
+    handle.log_series("entropy", run.curves["entropy"].steps[:200], run.curves["entropy"].values[:200])
+    before = state()
+    handle.log_series("entropy", run.curves["entropy"].steps[200:], run.curves["entropy"].values[200:])
+    assert state() == counted() and state()[0] > before[0] and state()[1] == before[1]  # replaced
+    find_similar(registry, ids[0], metrics="entropy")  # cache filled
+    registry.delete_run(ids[1])
+    assert state() == counted() and state()[1] == before[1] - len(METRICS)
+    res = find_similar(registry, ids[0], metrics="entropy")
+    assert ids[1] not in {n.run_id for n in res} and handle.id in {n.run_id for n in res}
+    with registry.transaction() as s:
+        s.execute(update(CurveEmbedding).where(CurveEmbedding.run_id == ids[2]).values(version="old-method"))
+    assert state() == counted() and state("old-method") == counted("old-method") != (0, 0)
+    rebuild_embeddings(registry)
+    assert state() == counted() and state("old-method") == counted("old-method") == (0, 0)
+    if registry.engine.dialect.name == "sqlite":
+        rows = counted()[1]
+        downgrade(registry.engine, "0004")
+        register(registry, "written-without-triggers", synthetic("stagnant", 1, 300))
+        upgrade(registry.engine)
+        assert state() == counted() and counted()[1] == rows + len(METRICS)
+
+
 def test_metric_names_resolve_by_quantity(registry: Registry):
     run_id = register(registry, "sb3", synthetic("healthy", 0, 100), sb3=True)
     with registry.read() as s:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Engine, MetaData, delete, exists, func, or_, select, text, true, update
+from sqlalchemy import BigInteger, Engine, MetaData, String, column, delete, exists, func, or_, select, table, text, true, update
 from sqlalchemy.orm import Session
 
 from ..models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
@@ -370,9 +370,7 @@ class _CorpusCache:
 
     def get(self, session: Session, version: str = F.EMBEDDING_VERSION) -> Corpus:
         engine = _engine_of(session)
-        max_id, count = session.execute(select(func.max(CurveEmbedding.id), func.count())
-                                        .where(CurveEmbedding.version == version)).one()
-        state = (int(max_id or 0), int(count))
+        state = embedding_state(session, version)
         with self._lock:
             per_engine = self._by_engine.setdefault(engine, {})
             cached = per_engine.get(version)
@@ -414,6 +412,23 @@ class _CorpusCache:
 
 
 CACHE = _CorpusCache()
+
+#: Per-version row counts kept by triggers on SQLite (migration 0005); not mapped, so that
+#: exports leave it alone.
+ROW_COUNTS = table("embedding_row_counts", column("version", String), column("n_rows", BigInteger))
+
+
+def embedding_state(session: Session, version: str = F.EMBEDDING_VERSION) -> tuple[int, int]:
+    """``(max(id), row count)`` of one embedding version: changes whenever a row of it is
+    added, replaced or removed (ids only grow), so it tells the per-process cache when to
+    reload. On SQLite the count comes from the trigger-kept table (one lookup instead of a
+    walk of the version index); on PostgreSQL it is counted."""
+    max_id = session.scalar(select(func.max(CurveEmbedding.id)).where(CurveEmbedding.version == version))
+    if session.get_bind().dialect.name == "sqlite":
+        count = session.scalar(select(ROW_COUNTS.c.n_rows).where(ROW_COUNTS.c.version == version))
+    else:
+        count = session.scalar(select(func.count()).where(CurveEmbedding.version == version))
+    return int(max_id or 0), int(count or 0)
 
 
 def other_version_runs(session: Session, version: str = F.EMBEDDING_VERSION) -> int:

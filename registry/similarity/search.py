@@ -639,7 +639,7 @@ def _smallest(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k smallest values, unordered (ties at the k-th: the first ones).
 
     A partition of the values plus one comparison pass: about half the time of
-    ``np.argpartition`` on 10k scores, which sorts an index array along."""
+    ``np.argpartition`` on 10k scores, which moves an index array along with them."""
     if k >= len(values):
         return np.arange(len(values))
     kth = np.partition(values, k - 1)[k - 1]
