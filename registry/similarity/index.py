@@ -11,9 +11,9 @@ the ``complete`` flag.
 
 Per-process cache (``load_corpus``): the candidate stage on SQLite (and on PostgreSQL
 without pgvector) scans every row's PAA vectors in NumPy. They are loaded once per engine
-and version, and the cache is reused while ``(max(id), count(*))`` of the version's rows is
-unchanged; new rows (higher ids) are merged in incrementally, and a count mismatch
-(deletions) reloads. The rerank grids are loaded with the rest when the version has at
+and version, and the cache is reused while ``embedding_state`` (max id and row count of the
+version, the count kept by triggers on SQLite) is unchanged; new rows (higher ids) are
+merged in incrementally, and a count mismatch (deletions) reloads. The rerank grids are loaded with the rest when the version has at
 most ``GRID_PRELOAD_ROWS`` rows (about 1 KB each), else fetched per query for the
 candidates only.
 """
