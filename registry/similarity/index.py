@@ -13,9 +13,9 @@ Per-process cache (``load_corpus``): the candidate stage on SQLite (and on Postg
 without pgvector) scans every row's PAA vectors in NumPy. They are loaded once per engine
 and version, and the cache is reused while ``embedding_state`` (max id and row count of the
 version, the count kept by triggers on SQLite) is unchanged; new rows (higher ids) are
-merged in incrementally, and a count mismatch (deletions) reloads. The rerank grids are loaded with the rest when the version has at
-most ``GRID_PRELOAD_ROWS`` rows (about 1 KB each), else fetched per query for the
-candidates only.
+merged in incrementally, and a count mismatch (deletions) reloads. The rerank grids are
+loaded with the rest when the version has at most ``GRID_PRELOAD_ROWS`` rows (about 1 KB
+each), else fetched per query for the candidates only.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import BigInteger, Engine, MetaData, String, column, delete, exists, func, or_, select, table, text, true, update
+from sqlalchemy import (
+    BigInteger, Engine, MetaData, String, column, delete, exists, func, or_, select, table, text, true, update,
+)
 from sqlalchemy.orm import Session
 
 from ..models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
