@@ -16,6 +16,7 @@ from registry.similarity import (
     EMBEDDING_VERSION, brute_force, find_similar, rebuild_embeddings, refresh_embeddings, resolve_metrics,
 )
 from registry.similarity import index as X
+from registry.similarity.search import PAA_POOL_MIN
 
 from conftest import reset_postgres
 
@@ -434,6 +435,22 @@ def test_cascade_equals_brute_force_when_its_pools_cover_the_corpus(registry: Re
             assert [x.distance for x in small] == sorted(x.distance for x in small)
     with pytest.raises(InputError, match="rerank"):
         find_similar(registry, list(kinds)[0], rerank=0)
+
+
+def test_paa_dtw_stage_orders_a_pool_larger_than_its_keep(registry: Registry):
+    """Stage 1b (DTW on the PAA-32 vectors) runs once stage 1 keeps more runs than its pool
+    (at least PAA_POOL_MIN): the neighbours are still exact over the runs it passes on, for
+    whole runs, cut portions, raw scale and weights."""
+    kinds = family_corpus(registry, per_kind=11)
+    n = len(kinds) - 1
+    assert n > PAA_POOL_MIN
+    for q in list(kinds)[::11]:
+        for kwargs in ({}, {"prefix": 0.25}, {"normalize": "raw"}, {"weights": {"entropy": 2.0}}):
+            got = find_similar(registry, q, k=5, candidates=n, rerank=8, **kwargs)
+            assert got.stats["paa_dtw_computed"] == n and got.stats["half_dtw_computed"] == PAA_POOL_MIN
+            every = {x.run_id: x.distance for x in brute_force(registry, q, k=n, **kwargs)}
+            assert [x.distance for x in got] == pytest.approx([every[x.run_id] for x in got], rel=1e-9)
+            assert [x.distance for x in got] == sorted(x.distance for x in got)
 
 
 def test_running_run_whose_metrics_start_at_different_steps_is_matched_on_the_fraction_of_its_plan(

@@ -621,11 +621,17 @@ def _weight_mask(el: _Eligible, sel: np.ndarray, wvec: np.ndarray) -> np.ndarray
     return avail * np.sqrt(wvec)[None, :]
 
 
-def _gather(base: np.ndarray, idx: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """(len(idx) + 1, n, M) float64: slot 0 free for the query, then base[idx] times mask."""
-    buf = np.empty((len(idx) + 1, *base.shape[1:]))
+def _gather(base: np.ndarray, idx: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray:
+    """(len(idx) + 1, n, M) float64: slot 0 free for the query, then base[idx] times mask.
+
+    idx None: all of base, copied with a cast (stage 1b's float32 PAA rows; ``np.take``
+    into a float64 buffer refuses that cast)."""
+    buf = np.empty(((len(base) if idx is None else len(idx)) + 1, *base.shape[1:]))
     buf[0] = 0.0
-    np.take(base, idx, axis=0, out=buf[1:])
+    if idx is None:
+        buf[1:] = base
+    else:
+        np.take(base, idx, axis=0, out=buf[1:])
     if mask is not None:
         buf[1:] *= mask[:, None, :]
     return buf
@@ -881,7 +887,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             R2 = min(len(cand), _rerank_count(n_all, C_scan, k, candidates, rerank))
             R1 = max(R2, PAA_POOL_MIN, PAA_POOL_PER_K * k, math.ceil(PAA_POOL_SHARE * C_scan))
             if len(cand) > R1:
-                paa_buf = _gather(cand_paa, np.arange(len(cand)), _weight_mask(el, cand, wvec))
+                paa_buf = _gather(cand_paa, None, _weight_mask(el, cand, wvec))
                 cand = cand[_elastic_order(qpaa, paa_buf, el.avail[cand], el.wp[cand], R1, PAA_WINDOW)]
                 n_paa = C
             if len(cand) > 1:  # (also when R2 covers them all: the order seeds the early abandoning)
