@@ -28,7 +28,7 @@ Backends (``--backend``): ``sqlite`` (default; a temporary file per size), ``pos
 (plain PostgreSQL: NumPy candidate stage) and ``pgvector`` (PostgreSQL with pgvector: the
 candidate stage is an HNSW search inside the database; the run fails unless
 ``SimilarResult.engine`` says ``pgvector hnsw``). For the PostgreSQL backends ``--db`` is an
-admin URL (default: the CI servers, 5432 plain and 5433 with pgvector); each size gets its
+admin URL (default: the CI server's test roles: rlreg plain, rlreg_vec with pgvector); each size gets its
 own throwaway database (``rlreg_bench_<pid>_<N>``), dropped afterwards. On pgvector the HNSW
 indexes are dropped for the bulk load and rebuilt after it (the build time is printed). The
 table ends with the growth of the p50 latency from each size to the next (and the
@@ -75,7 +75,7 @@ FAMILIES = {"healthy": "healthy", "entropy_collapse": "collapse", "kl_blowup": "
 SB3_LABELS = {"cartpole_healthy_s0": "healthy", "cartpole_lr_too_high_5e-2": "collapse",
               "cartpole_tiny_lr_1e-6": "stagnant", "pendulum_default_s0": "stagnant"}
 PG_DEFAULT = {"postgresql": "postgresql+psycopg://rlreg:rlreg@127.0.0.1:5432/rlreg_test",
-              "pgvector": "postgresql+psycopg://rlreg:rlreg@127.0.0.1:5433/rlreg_vec"}
+              "pgvector": "postgresql+psycopg://rlreg_vec:rlreg@127.0.0.1:5432/rlreg_vec"}
 SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": ("train/approx_kl", 1.0),
             "entropy": ("train/entropy_loss", -1.0)}
 
