@@ -502,3 +502,19 @@ def test_pgvector_pool_keeps_the_runs_nearest_on_every_metric(pgvector_registry:
     res = find_similar(reg, q, k=2, candidates=2)
     assert f"{len(union)} runs from the index, 4 compared" in res.engine
     assert res.stats["eligible_runs"] == 4 and {n.run_id for n in res} <= set(expected)
+
+
+def test_features_of_values_near_the_float64_limit_are_those_of_the_same_curve_at_unit_scale():
+    from registry.similarity import features as F
+
+    rng = np.random.default_rng(3)
+    steps = np.arange(0, 5000, 7)
+    curve = np.tanh(steps / 1500.0) + 0.05 * rng.standard_normal(len(steps))
+    scale = 2.0 ** 1020  # ~1.1e307: sums and squares of these overflow float64
+    with np.errstate(all="raise"):
+        big = F.compute_features(steps, curve * scale)
+    unit = F.compute_features(steps, curve)
+    assert np.array_equal(big.zgrid, unit.zgrid) and np.array_equal(big.paa, unit.paa)
+    assert np.isfinite(big.stats).all()
+    np.testing.assert_array_equal(big.stats[:, [0, 1, 2, 3, 6, 7]], unit.stats[:, [0, 1, 2, 3, 6, 7]] * scale)
+    assert not big.flat

@@ -56,6 +56,8 @@ EMBEDDING_VERSION = (f"areaavg-gauss{SMOOTH_SIGMA:g}-znoise{NOISE_K:g}-paa{PAA}-
 
 N_LEVELS = len(LEVELS)
 STATS = ("mean", "std", "final", "max", "argmax", "flat", "scale", "noise")
+#: Above this magnitude squares (stds) and sums (means, bins) of values may overflow float64.
+HUGE = 1e150
 
 
 @dataclass
@@ -78,20 +80,32 @@ def is_flat(mean: np.ndarray | float, std: np.ndarray | float) -> np.ndarray:
     return np.asarray(std) <= np.maximum(FLAT_REL * np.abs(mean), FLAT_ABS)
 
 
+def unit_factor(values: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """Powers of two that bring values above ``HUGE`` (along ``axis``) down near 1, else 1.
+
+    Scaling by a power of two is exact, shapes do not depend on scale, and every
+    statistic computed on the scaled values scales back by the same factor: so finite
+    values near the float64 limit never turn into inf or NaN on the way."""
+    peak = np.max(np.abs(values), axis=axis, initial=0.0)
+    return np.where(peak > HUGE, np.ldexp(1.0, -np.frexp(peak)[1]), 1.0)
+
+
 def shape(grid: np.ndarray, noise: np.ndarray | float = 0.0) -> tuple[np.ndarray, ...]:
     """Row-wise noise-aware z-normalisation of (k, n) grids: (z, mean, std, flat, scale).
 
     ``scale = sqrt(std^2 + (NOISE_K * noise)^2)``; flat rows are all zeros (scale 1).
     """
     grid = np.atleast_2d(grid)
-    mean = grid.mean(axis=-1)
-    std = grid.std(axis=-1)
+    f = unit_factor(grid, axis=-1)
+    g = grid * f[:, None]
+    mean_f, std_f = g.mean(axis=-1), g.std(axis=-1)
+    mean, std = mean_f / f, std_f / f
     flat = is_flat(mean, std)
-    scale = np.sqrt(std * std + (NOISE_K * np.asarray(noise)) ** 2)
-    scale = np.where(flat | (scale <= 0), 1.0, scale)
-    z = (grid - mean[:, None]) / scale[:, None]
+    scale_f = np.sqrt(std_f * std_f + (NOISE_K * np.asarray(noise) * f) ** 2)
+    unit = flat | (scale_f <= 0)
+    z = (g - mean_f[:, None]) / np.where(unit, 1.0, scale_f)[:, None]
     z[flat] = 0.0
-    return z, mean, std, flat, scale
+    return z, mean, std, flat, np.where(unit, 1.0, scale_f / f)
 
 
 def noise_level(values: np.ndarray) -> float:
@@ -124,6 +138,8 @@ def bin_average(steps: np.ndarray, values: np.ndarray, lo: float, hi: float,
     idx = np.clip(pos.astype(np.int64), 0, n - 1)
     inside = (steps >= lo) & (steps <= hi)
     idx, vals, pos = idx[inside], values[inside], pos[inside]
+    f = float(unit_factor(vals))
+    vals = vals * f
     sums = np.bincount(idx, weights=vals, minlength=n)
     counts = np.bincount(idx, minlength=n)
     have = counts > 0
@@ -137,7 +153,7 @@ def bin_average(steps: np.ndarray, values: np.ndarray, lo: float, hi: float,
         xp = np.bincount(idx, weights=pos, minlength=n)[have] / counts[have]
         grid[~have] = np.interp(centres[~have], xp, grid[have])
     noise = noise_level(vals) * SMOOTH_NOISE * float(np.sqrt(np.mean(1.0 / np.maximum(counts, 1))))
-    return _smooth(grid), noise
+    return _smooth(grid) / f, noise / f
 
 
 def compute_features(steps: np.ndarray, values: np.ndarray) -> SeriesFeatures | None:
