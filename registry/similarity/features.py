@@ -97,7 +97,7 @@ def shape(grid: np.ndarray, noise: np.ndarray | float = 0.0) -> tuple[np.ndarray
     """
     grid = np.atleast_2d(grid)
     f = unit_factor(grid, axis=-1)
-    g = grid * f[:, None]
+    g = grid if (f == 1.0).all() else grid * f[:, None]
     mean_f, std_f = g.mean(axis=-1), g.std(axis=-1)
     mean, std = mean_f / f, std_f / f
     flat = is_flat(mean, std)
