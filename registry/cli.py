@@ -555,6 +555,9 @@ def _prefix_value(text: str | None) -> float | int | None:
 @click.option("--metrics", help="Comma-separated metrics: canonical names, raw keys, or reward / kl / entropy ...")
 @click.option("--prefix", help="Match only the first part: a fraction (0.2) or a number of steps (2000).")
 @click.option("--window", help="Match a window: START,END as fractions (0.2,0.4) or steps (1000,3000).")
+@click.option("--anywhere", is_flag=True,
+              help="Match the window or prefix against windows of the same length anywhere in each run "
+                   "(where else did this pattern happen?).")
 @click.option("-k", "k", default=10, show_default=True, help="How many neighbours.")
 @click.option("--align", type=click.Choice(["fraction", "step"]), default="fraction", show_default=True)
 @click.option("--normalize", type=click.Choice(["z", "raw"]), default="z", show_default=True)
@@ -565,8 +568,8 @@ def _prefix_value(text: str | None) -> float | int | None:
 @click.option("--outcome", "outcomes", multiple=True, type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
 @json_option
 @click.pass_context
-def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | None, window: str | None, k: int,
-            align: str, normalize: str, where: str | None, same_task: bool, same_project: bool,
+def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | None, window: str | None,
+            anywhere: bool, k: int, align: str, normalize: str, where: str | None, same_task: bool, same_project: bool,
             same_algorithm: bool, outcomes: tuple[str, ...], as_json: bool) -> None:
     """Which past runs looked like this one, and how did they end?"""
     from .similarity import find_similar_for_run
@@ -582,7 +585,7 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
     result = find_similar_for_run(
         reg, detail["id"], status=detail["status"], metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span, align=align,
         normalize=normalize, where=where, same_task=same_task, same_project=same_project,
-        same_algorithm=same_algorithm, outcome=list(outcomes) or None,
+        same_algorithm=same_algorithm, outcome=list(outcomes) or None, anywhere=anywhere,
     )
     if as_json:
         echo_json(result.to_dict())
@@ -590,11 +593,15 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
     console.print(result.summary, highlight=False, markup=False)
     table = Table(title=f"{len(result.neighbours)} nearest runs over {', '.join(result.metrics)} "
                         f"({result.engine})", title_justify="left")
-    for col in ("#", "run", "distance", *result.metrics, "verdict", "scores", "differs in"):
+    where_col = ("matched at",) if anywhere else ()
+    for col in ("#", "run", "distance", *where_col, *result.metrics, "verdict", "scores", "differs in"):
         table.add_column(col, overflow="fold")
     for n in result.neighbours:
         diff = ", ".join(f"{key}={vals[1]}" for key, vals in list(n.param_diff.items())[:4])
-        table.add_row(str(n.rank), n.name, f"{n.distance:.3g}",
+        steps = next(iter(n.compared_steps.values()), None)
+        where_cell = (f"steps {steps[0]:,}-{steps[1]:,} ({n.match_start:.0%})" if steps and n.match_start is not None
+                      else "",) if anywhere else ()
+        table.add_row(str(n.rank), n.name, f"{n.distance:.3g}", *where_cell,
                       *(_fmt(n.metric_distances.get(m)) for m in result.metrics), n.verdict or "",
                       ", ".join(f"{a}={_fmt(b)}" for a, b in n.scores.items()), diff)
     if result.neighbours:

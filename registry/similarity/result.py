@@ -39,6 +39,7 @@ class Neighbour:
     compared_steps: dict[str, list[int]]     # metric -> [first, last] step of the compared portion
     peak_step: int | None                    # where this run's objective metric peaked (whole run)
     warnings: list[str] = field(default_factory=list)
+    match_start: float | None = None         # anywhere searches: where the matched window starts (fraction)
 
 
 @dataclass

@@ -128,6 +128,10 @@ class Portion:
         return np.clip(start, 0.0, None), (self.end - first) / span
 
 
+#: Eligibility over whole runs: what an anywhere search slides its window over.
+WHOLE = Portion("fraction", 0.0, 1.0, None, "whole")
+
+
 @dataclass
 class QueryMetric:
     name: str
@@ -801,14 +805,15 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
                  align: str = "fraction", normalize: str = "z", where: str | None = None, same_task: bool = False,
                  same_project: bool = False, same_algorithm: bool = False, outcome: str | Sequence[str] | None = None,
                  weights: Mapping[str, float] | None = None, candidates: int | None = None, exact: bool = False,
-                 total_steps: int | None = None, rerank: int | None = None,
+                 total_steps: int | None = None, rerank: int | None = None, anywhere: bool = False,
                  _brute: bool = False) -> SimilarResult:
     """The k historical runs whose curves look most like this run's (see the package docstring).
 
     ``candidates``: stage-1 pool size (default ``max(MIN_CANDIDATES, CANDIDATE_SHARE * n)``);
     ``rerank``: how many of them, in stage-1c order, get the exact DTW (default
     ``max(RERANK_MIN, RERANK_PER_K * k, RERANK_SHARE * C)``; every candidate when the collection has at most
-    ``MIN_CANDIDATES`` eligible runs and ``candidates`` is not given).
+    ``MIN_CANDIDATES`` eligible runs and ``candidates`` is not given). ``anywhere``: match the
+    window or prefix against windows of the same length anywhere in each run (``anywhere.py``).
     """
     t0 = time.perf_counter()
     if normalize not in ("z", "raw"):
@@ -837,6 +842,9 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         first, last = min(float(f[0]) for f in finite), max(float(f[-1]) for f in finite)
         total = float(total_steps) if total_steps else _params_total(qparams)
         portion = make_portion(prefix, window, align, run.status, first, last, total)
+        if anywhere and portion.whole:
+            raise InputError("anywhere needs a window or a prefix of the query run: a whole run only matches "
+                             "whole runs")
         conds = _filters(run, where, same_task, same_project, same_algorithm, outcome)
         warnings: list[str] = []
         excluded: list[dict[str, Any]] = []
@@ -844,7 +852,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         t_prep = time.perf_counter()
 
         use_pg = (X.has_vector_columns(session) and portion.kind == "fraction" and portion.start == 0.0
-                  and normalize == "z" and not exact and not _brute)
+                  and normalize == "z" and not exact and not _brute and not anywhere)
         if use_pg:
             corpus, engine, n_filtered = _pgvector_pool(session, run, qms, portion, conds,
                                                         total if run.status == "running" else None, first,
@@ -852,7 +860,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             run_mask = corpus.run_ids != run.id
         else:
             corpus = X.load_corpus(session)
-            engine = _numpy_engine_label(session, portion, normalize, exact or _brute)
+            engine = _numpy_engine_label(session, portion, normalize, exact or _brute, anywhere, corpus)
             run_mask = np.ones(len(corpus.run_ids), dtype=bool)
             if conds:
                 ids = np.array(sorted(session.scalars(select(Run.id).where(*conds))), dtype=str)
@@ -861,7 +869,8 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
             if qi >= 0:
                 run_mask[qi] = False
         t_load = time.perf_counter()
-        el = _eligible(corpus, qms, portion, run_mask, excluded, counts, report_semantics=not use_pg)
+        el = _eligible(corpus, qms, WHOLE if anywhere else portion, run_mask, excluded, counts,
+                       report_semantics=not use_pg)
         if use_pg:  # runs of other semantics on every metric, counted in SQL: the pool never holds them
             n_sem = counts.pop("semantics_pool")
             counts["semantics"] += n_sem
@@ -876,7 +885,13 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         t1 = time.perf_counter()
         n_half = n_paa = 0
         buf = None
-        if exact or _brute:
+        if anywhere:
+            from .anywhere import search_anywhere
+
+            el, ranked, computed, buf, C = search_anywhere(session, corpus, el, qms, qgrid, portion, first, normalize,
+                                                           scales, wvec, k, exact, excluded, counts)
+            cand = np.arange(len(el.runs))
+        elif exact or _brute:
             cand = np.arange(n_el)
             C = n_el
         else:
@@ -905,11 +920,14 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         if buf is None:
             buf = _candidate_grids(session, corpus, el, cand, qms, portion, normalize, scales, wvec)
         xs = buf[1:]
-        ranked, computed = _rerank(qgrid, xs, el.avail[cand], el.wp[cand], k, brute=_brute, buf=buf,
-                                   lb=n_half == 0)
+        if not anywhere:
+            ranked, computed = _rerank(qgrid, xs, el.avail[cand], el.wp[cand], k, brute=_brute, buf=buf,
+                                       lb=n_half == 0)
         t3 = time.perf_counter()
 
         neighbours = _neighbours(session, corpus, el, cand, ranked, qms, qgrid, xs, portion, qparams, wvec)
+        if anywhere:
+            _place_matches(neighbours, corpus, el)
         t4 = time.perf_counter()
         others = corpus.other_versions if not use_pg else X.other_version_runs(session)
         if others:
@@ -918,8 +936,9 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
     objective = next((qm.name for qm in qms if available[qm.name]["layer"] == "objective"), None)
     result = SimilarResult(
         query={"run_id": run.id, "name": run.name, "status": run.status, "verdict": run.verdict,
-               "portion_kind": portion.mode,
-               "portion_label": portion.label, "align": portion.kind, "start": portion.start, "end": portion.end,
+               "portion_kind": portion.mode, "anywhere": anywhere,
+               "portion_label": f"{portion.label}, anywhere in each run" if anywhere else portion.label,
+               "align": portion.kind, "start": portion.start, "end": portion.end,
                "normalize": normalize, "first_step": int(first), "last_step": int(last),
                "planned_total_steps": total, "params": qparams},
         metrics=names, weights={qm.name: qm.weight for qm in qms}, k=k, engine=engine,
@@ -935,7 +954,23 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
     )
     _name_exclusions(registry, result)
     summarize(result, objective)
+    if anywhere and neighbours:
+        starts = sorted(n.match_start for n in neighbours if n.match_start is not None)
+        if starts:
+            where = f" (in this run: {portion.start:.0%})" if portion.kind == "fraction" else ""
+            result.summary += (f" The pattern sat at a median {starts[len(starts) // 2]:.0%} of their "
+                               f"training{where}.")
     return result
+
+
+def _place_matches(neighbours: list[Neighbour], corpus: X.Corpus, el: _Eligible) -> None:
+    """Where each neighbour's matched window starts, as a fraction of its training (first compared metric)."""
+    starts = {}
+    for i, r in enumerate(el.runs):
+        j = int(np.argmax(el.avail[i]))
+        starts[str(corpus.run_ids[r])] = float(el.s[i, j])
+    for n in neighbours:
+        n.match_start = starts.get(n.run_id)
 
 
 def brute_force(registry: Any, run_ref: str, **kwargs: Any) -> SimilarResult:
@@ -943,7 +978,13 @@ def brute_force(registry: Any, run_ref: str, **kwargs: Any) -> SimilarResult:
     return find_similar(registry, run_ref, _brute=True, **kwargs)
 
 
-def _numpy_engine_label(session: Session, portion: Portion, normalize: str, exact: bool) -> str:
+def _numpy_engine_label(session: Session, portion: Portion, normalize: str, exact: bool, anywhere: bool = False,
+                        corpus: X.Corpus | None = None) -> str:
+    if anywhere:
+        scan = "128-point grids" if corpus is not None and corpus.grids is not None else \
+            "PAA-32 vectors (grids not kept in memory)"
+        return (f"numpy subsequence (every start scored on the {scan}, "
+                f"{'DTW at every start' if exact else 'DTW at the best starts'})")
     if X._engine_of(session).dialect.name != "postgresql":
         return "numpy"
     status = X.pgvector_status(X._engine_of(session))

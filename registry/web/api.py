@@ -180,7 +180,7 @@ def run_similar(ref: str) -> Response:
         prefix=_portion_arg("prefix"), window=window, align=request.args.get("align") or "fraction",
         normalize=request.args.get("normalize") or "z", where=request.args.get("where") or None,
         same_task=_bool_arg("same_task"), same_project=_bool_arg("same_project"),
-        same_algorithm=_bool_arg("same_algorithm"), outcome=outcome,
+        same_algorithm=_bool_arg("same_algorithm"), outcome=outcome, anywhere=_bool_arg("anywhere"),
     )
     return jsonify(clean(result.to_dict()))
 

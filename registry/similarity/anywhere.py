@@ -1,0 +1,182 @@
+"""Subsequence search: where else in the collection did the query's pattern happen?
+
+``find_similar(..., anywhere=True)`` matches the query portion (a window or a prefix of the
+query run) against every window of the same length in each historical run, wherever it
+lies: the same fraction of training (align "fraction") or the same number of steps (align
+"step"), starting at any stored grid point of the run. Each run is represented by its best
+window, and the neighbours say where it was (``Neighbour.compared_steps``,
+``Neighbour.match_start``).
+
+Stage 1: for every eligible run and every start, the noise-aware z-normalised squared
+Euclidean distance of its window to the query, at the stored grids' resolution (128 points
+over the run; the 32-point whole-run PAA vectors when the collection is too large for the
+grids to be kept in memory). Window means and variances come from cumulative sums and the
+cross terms from one vectorised pass per window point, so every start of every run costs
+a few array operations in total, not a Python loop over starts.
+
+Stage 2: exact banded DTW_D (dtaidistance) of the query's grid against 128-point grids cut
+at the best starts of the best ``max(POOL_MIN, POOL_PER_K * k)`` runs and at the ``NEAR``
+starts either side (cut from the finest stored level, as same-portion windows are); each
+run keeps its best. ``exact=True`` gives every start of every run the DTW: a brute force,
+for checking the two stages on small collections.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from ..errors import InputError
+from . import features as F
+from . import index as X
+from .search import DTW_WINDOW, Portion, QueryMetric, _candidate_grids, _dtw_block, _Eligible
+
+POOL_MIN = 50
+POOL_PER_K = 5
+NEAR = 3
+#: DTWs per C call in stage 2 (bounds the memory of the cut grids in exact mode).
+CHUNK = 2048
+
+
+def window_widths(corpus: X.Corpus, el: _Eligible, portion: Portion, query_first: float) -> np.ndarray:
+    """(n, M) the window's length as a fraction of each compared row's own step span (nan: not compared)."""
+    out = np.full(el.rows.shape, np.nan)
+    if portion.kind == "fraction":
+        out[el.avail] = portion.end - portion.start
+        return out
+    length = portion.end - (query_first if portion.start is None else portion.start)
+    rows = el.rows[el.avail]
+    span = corpus.last[rows] - corpus.first[rows]
+    out[el.avail] = np.where(span > 0, length / np.maximum(span, 1e-12), np.inf)
+    return out
+
+
+def _query_at(qgrid_j: np.ndarray, points: int, centre: bool) -> np.ndarray:
+    """The query metric's 128-point grid resampled to ``points`` points (stage 1's resolution)."""
+    q = F.portion(qgrid_j[None, :], 1.0, 0.0, 1.0, n=points)[0]
+    return q - q.mean() if centre else q
+
+
+def _window_distances(z: np.ndarray, stats: np.ndarray, widths: np.ndarray, q128: np.ndarray, normalize: str,
+                      raw_scale: float) -> np.ndarray:
+    """(n, P) mean squared distance per point of each row's window starting at each point (inf: no room).
+
+    ``z``: (n, P) whole-run z-grids (or PAA vectors) of the rows; ``stats``: their whole-run
+    level statistics; ``widths``: window lengths as fractions of each row's span."""
+    n, P = z.shape
+    out = np.full((n, P), np.inf)
+    lengths = np.clip(np.rint(widths * P).astype(np.int64), 2, P)
+    c1 = np.concatenate([np.zeros((n, 1)), np.cumsum(z, axis=1)], axis=1)
+    c2 = np.concatenate([np.zeros((n, 1)), np.cumsum(z * z, axis=1)], axis=1)
+    mean, scale = stats[:, 0:1], stats[:, 6:7]
+    # the stored noise is in value units; a PAA point averages GRID / P grid points
+    noise_z = stats[:, 7:8] / scale / math.sqrt(F.GRID / P)
+    for W in np.unique(lengths):
+        rs = np.flatnonzero(lengths == W)
+        O = P - W + 1
+        zr = z[rs]
+        s1, s2 = c1[rs, W:W + O] - c1[rs, :O], c2[rs, W:W + O] - c2[rs, :O]
+        q = _query_at(q128, int(W), centre=normalize == "z")
+        cross = np.zeros((len(rs), O))
+        for i in range(W):
+            cross += zr[:, i:i + O] * q[i]
+        qq = float(q @ q)
+        if normalize == "z":
+            mu = s1 / W
+            var = np.maximum(s2 / W - mu * mu, 0.0)
+            flat = F.is_flat(scale[rs] * mu + mean[rs], scale[rs] * np.sqrt(var))
+            sc = np.sqrt(var + (F.NOISE_K * noise_z[rs]) ** 2)
+            sc = np.where(flat | (sc <= 0), 1.0, sc)
+            d = np.where(flat, 0.0, W * var / (sc * sc) - 2.0 * cross / sc) + qq
+        else:  # values / raw_scale = a z + b
+            a, b = scale[rs] / raw_scale, mean[rs] / raw_scale
+            d = a * a * s2 + 2 * a * b * s1 + W * b * b - 2.0 * (a * cross + b * q.sum()) + qq
+        out[rs, :O] = np.maximum(d, 0.0) / W
+    return out
+
+
+def _drop_unmatchable(corpus: X.Corpus, el: _Eligible, widths: np.ndarray, weights: np.ndarray,
+                      excluded: list[dict[str, Any]], counts: dict[str, int]) -> tuple[_Eligible, np.ndarray]:
+    """Rows whose run is shorter than the window, or where the window is under 8 of its stored
+    points, are not compared; runs left with no compared metric are excluded with the reason."""
+    short = el.avail & (widths > 1.0 + 1e-9)
+    coarse = el.avail & ~short & (widths * F.GRID < F.MIN_PORTION_POINTS)
+    avail = el.avail & ~short & ~coarse
+    wp = avail.astype(np.float64) @ weights
+    gone = wp <= 0
+    for reason, flag, what in (("too_short", short, "the run is shorter than the query window"),
+                               ("too_coarse", coarse, "the window is under 8 points of its stored grids")):
+        bad = np.flatnonzero(gone & flag.any(axis=1))
+        counts[reason] = counts.get(reason, 0) + len(bad)
+        if len(bad):
+            excluded.append({"reason": reason, "metric": None, "differences": [what], "count": int(len(bad)),
+                             "run_ids": [str(corpus.run_ids[el.runs[b]]) for b in bad[:10]]})
+    counts["no_comparable_metric"] = counts.get("no_comparable_metric", 0) + int(gone.sum())
+    keep = ~gone
+    rows = np.where(avail, el.rows, -1)
+    return _Eligible(el.runs[keep], rows[keep], el.s[keep], el.e[keep], avail[keep], wp[keep]), widths[keep]
+
+
+def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qgrid: np.ndarray,
+                    portion: Portion, query_first: float, normalize: str, scales: list[float], wvec: np.ndarray,
+                    k: int, exact: bool, excluded: list[dict[str, Any]],
+                    counts: dict[str, int]) -> tuple[_Eligible, list[tuple[float, int]], int, np.ndarray, int]:
+    """The k runs with the windows nearest to the query portion.
+
+    ``el``: eligibility over whole runs. Returns the matched runs (an ``_Eligible`` whose
+    ``s``/``e`` are the matched windows), the ranking ``[(distance, index into it)]``, how
+    many DTWs ran, their grids ((n + 1, GRID, M), slot 0 free, as ``_candidate_grids``) and
+    how many runs stage 1 scored."""
+    if portion.whole:
+        raise InputError("anywhere needs a window or a prefix of the query run: a whole run only matches whole runs")
+    widths = window_widths(corpus, el, portion, query_first)
+    el, widths = _drop_unmatchable(corpus, el, widths, wvec, excluded, counts)
+    n, M = el.rows.shape
+    if n == 0:
+        return el, [], 0, np.zeros((1, F.GRID, M)), 0
+    grids = corpus.grids is not None
+    P = F.GRID if grids else F.PAA
+    total = np.zeros((n, P))
+    for j, qm in enumerate(qms):
+        have = el.avail[:, j]
+        if not have.any():
+            continue
+        rows = el.rows[have, j]
+        z = (corpus.whole_grids(qm.name) if grids else corpus.dense(qm.name)[3])[el.runs[have]].astype(np.float64)
+        d = _window_distances(z, corpus.stats[rows, -1], widths[have, j], qgrid[:, j] / math.sqrt(wvec[j]),
+                              normalize, scales[j])
+        total[have] += wvec[j] * d
+    total /= el.wp[:, None]
+    if exact:
+        runs, starts = np.nonzero(np.isfinite(total))
+    else:
+        best = np.argmin(total, axis=1)
+        pool = np.argsort(total[np.arange(n), best], kind="stable")[:max(POOL_MIN, POOL_PER_K * k)]
+        runs = np.repeat(pool, 2 * NEAR + 1)
+        starts = (best[pool][:, None] + np.arange(-NEAR, NEAR + 1)[None, :]).ravel()
+        ok = (starts >= 0) & (starts < P)
+        runs, starts = runs[ok], starts[ok]
+        ok = np.isfinite(total[runs, starts])
+        runs, starts = runs[ok], starts[ok]
+    s = np.where(el.avail[runs], (starts / P)[:, None], 0.0)
+    e = np.where(el.avail[runs], np.minimum(s + np.nan_to_num(widths[runs]), 1.0), 1.0)
+    pairs = _Eligible(el.runs[runs], el.rows[runs], s, e, el.avail[runs], el.wp[runs])
+    cut = replace(portion, kind="fraction", start=0.0, end=0.5)  # any non-whole portion: cut rows at s/e
+    dist = np.full(len(runs), np.inf)
+    for a in range(0, len(runs), CHUNK):
+        sel = np.arange(a, min(a + CHUNK, len(runs)))
+        buf = _candidate_grids(session, corpus, pairs, sel, qms, cut, normalize, scales, wvec)
+        dist[sel] = _dtw_block(qgrid, buf[1:], pairs.avail[sel], np.arange(len(sel)), None, DTW_WINDOW) \
+            / np.sqrt(F.GRID * pairs.wp[sel])
+    order = np.argsort(dist, kind="stable")
+    _, first = np.unique(runs[order], return_index=True)  # each run's best start
+    winners = order[np.sort(first)][:k]
+    winners = winners[np.isfinite(dist[winners])]
+    matched = _Eligible(pairs.runs[winners], pairs.rows[winners], pairs.s[winners], pairs.e[winners],
+                        pairs.avail[winners], pairs.wp[winners])
+    buf = _candidate_grids(session, corpus, matched, np.arange(len(winners)), qms, cut, normalize, scales, wvec)
+    ranked = [(float(dist[w]), i) for i, w in enumerate(winners)]
+    return matched, ranked, len(runs), buf, n
