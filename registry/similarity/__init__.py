@@ -17,6 +17,8 @@ Queries:
   the same fraction of training when its planned length is known (``total_steps=`` or a
   hyperparameter such as ``total_timesteps``), else against the same number of steps.
   The neighbours' verdicts and final scores are how those runs *ended*.
+- ``anywhere=True``: the window or prefix is matched against windows of the same length
+  wherever they lie in each run ("where else did this pattern happen?"; ``anywhere``).
 - ``metrics``: canonical names, raw keys of the query run, or short names ("reward",
   "return", "kl", "entropy", or any dictionary quantity) resolved among the query run's
   own metrics by quantity (see ``search.resolve_metrics``). Default: reward/return, KL
