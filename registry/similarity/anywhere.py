@@ -11,8 +11,8 @@ Stage 1: for every eligible run and every start, the noise-aware z-normalised sq
 Euclidean distance of its window to the query, at the stored grids' resolution (128 points
 over the run; the 32-point whole-run PAA vectors when the collection is too large for the
 grids to be kept in memory). Window means and variances come from cumulative sums and the
-cross terms from one vectorised pass per window point, so every start of every run costs
-a few array operations in total, not a Python loop over starts.
+cross terms from one FFT correlation per row, so every start of every run costs a few
+array operations in total, not a Python loop over starts.
 
 Stage 2: exact banded DTW_D (dtaidistance) of the query's grid against 128-point grids cut
 at the best starts of the best ``max(POOL_MIN, POOL_PER_K * k)`` runs and at the ``NEAR``
@@ -71,18 +71,21 @@ def _window_distances(z: np.ndarray, stats: np.ndarray, widths: np.ndarray, q128
     lengths = np.clip(np.rint(widths * P).astype(np.int64), 2, P)
     c1 = np.concatenate([np.zeros((n, 1)), np.cumsum(z, axis=1)], axis=1)
     c2 = np.concatenate([np.zeros((n, 1)), np.cumsum(z * z, axis=1)], axis=1)
+    # cross terms sum_i z[o + i] q[i] for every start o: a correlation, by FFT (one transform of
+    # the rows serves every window length)
+    L = 1 << int(2 * P - 1).bit_length()
+    zf = np.fft.rfft(z, L, axis=1)
     mean, scale = stats[:, 0:1], stats[:, 6:7]
     # the stored noise is in value units; a PAA point averages GRID / P grid points
     noise_z = stats[:, 7:8] / scale / math.sqrt(F.GRID / P)
     for W in np.unique(lengths):
         rs = np.flatnonzero(lengths == W)
+        if len(rs) == n:  # one window length (fraction alignment): slices, not gathered copies
+            rs = slice(None)
         O = P - W + 1
-        zr = z[rs]
         s1, s2 = c1[rs, W:W + O] - c1[rs, :O], c2[rs, W:W + O] - c2[rs, :O]
         q = _query_at(q128, int(W), centre=normalize == "z")
-        cross = np.zeros((len(rs), O))
-        for i in range(W):
-            cross += zr[:, i:i + O] * q[i]
+        cross = np.fft.irfft(zf[rs] * np.fft.rfft(q[::-1], L)[None, :], L, axis=1)[:, W - 1:W - 1 + O]
         qq = float(q @ q)
         if normalize == "z":
             mu = s1 / W
