@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from ..errors import InputError
 from . import features as F
 from . import index as X
-from .search import DTW_WINDOW, Portion, QueryMetric, _candidate_grids, _dtw_block, _Eligible
+from .search import DTW_WINDOW, Portion, QueryMetric, _candidate_grids, _dtw_block, _Eligible, _gather
 
 POOL_MIN = 50
 POOL_PER_K = 5
@@ -131,7 +131,7 @@ def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list
 
     ``el``: eligibility over whole runs. Returns the matched runs (an ``_Eligible`` whose
     ``s``/``e`` are the matched windows), the ranking ``[(distance, index into it)]``, how
-    many DTWs ran, their grids ((n + 1, GRID, M), slot 0 free, as ``_candidate_grids``) and
+    many DTWs ran, their grids ((n + 1, GRID, M), slot 0 free, as ``_gather``) and
     how many runs stage 1 scored."""
     if portion.whole:
         raise InputError("anywhere needs a window or a prefix of the query run: a whole run only matches whole runs")
@@ -171,7 +171,7 @@ def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list
     dist = np.full(len(runs), np.inf)
     for a in range(0, len(runs), CHUNK):
         sel = np.arange(a, min(a + CHUNK, len(runs)))
-        buf = _candidate_grids(session, corpus, pairs, sel, qms, cut, normalize, scales, wvec)
+        buf = _gather(*_candidate_grids(session, corpus, pairs, sel, qms, cut, normalize, scales, wvec))
         dist[sel] = _dtw_block(qgrid, buf[1:], pairs.avail[sel], np.arange(len(sel)), None, DTW_WINDOW) \
             / np.sqrt(F.GRID * pairs.wp[sel])
     order = np.argsort(dist, kind="stable")
@@ -180,6 +180,7 @@ def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list
     winners = winners[np.isfinite(dist[winners])]
     matched = _Eligible(pairs.runs[winners], pairs.rows[winners], pairs.s[winners], pairs.e[winners],
                         pairs.avail[winners], pairs.wp[winners])
-    buf = _candidate_grids(session, corpus, matched, np.arange(len(winners)), qms, cut, normalize, scales, wvec)
+    buf = _gather(*_candidate_grids(session, corpus, matched, np.arange(len(winners)), qms, cut, normalize,
+                                    scales, wvec))
     ranked = [(float(dist[w]), i) for i, w in enumerate(winners)]
     return matched, ranked, len(runs), buf, n
