@@ -14,7 +14,9 @@ of the engine against brute force, the engine's end-to-end latency p50/p95 (the 
 of the ``find_similar`` call), the speedup of the search itself (candidate stages + exact
 rerank, ``timings.search_ms``) over the brute-force search (one batched C DTW call over
 every eligible run, from the same cached arrays), and the end-to-end wall-time ratio.
-The speedup target applies to the search speedup; both are printed.
+The speedup target applies to the search speedup; both are printed. Then the latency of
+anywhere searches (the first 10 queries' 30-50% window matched wherever it lies in each run)
+and, up to 1,000 runs, their recall@10 against the DTW at every start of every run.
 
 Part 2, quality on labeled runs: the 4 real SB3 PPO runs (shared/data/sb3_ppo) plus
 labeled synthetic PPO runs of four families (healthy, entropy_collapse and kl_blowup as
@@ -74,6 +76,9 @@ PPO_KINDS = ("healthy", "kl_blowup", "entropy_collapse", "reward_std_zero", "val
 FAMILIES = {"healthy": "healthy", "entropy_collapse": "collapse", "kl_blowup": "collapse", "stagnant": "stagnant"}
 SB3_LABELS = {"cartpole_healthy_s0": "healthy", "cartpole_lr_too_high_5e-2": "collapse",
               "cartpole_tiny_lr_1e-6": "stagnant", "pendulum_default_s0": "stagnant"}
+ANYWHERE_WINDOW = (0.3, 0.5)
+ANYWHERE_QUERIES = 10
+ANYWHERE_EXACT_MAX = 1000  # the DTW at every start of every run: ~2 s a query at 1k runs
 PG_DEFAULT = {"postgresql": "postgresql+psycopg://rlreg:rlreg@127.0.0.1:5432/rlreg_test",
               "pgvector": "postgresql+psycopg://rlreg_vec:rlreg@127.0.0.1:5432/rlreg_vec"}
 SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": ("train/approx_kl", 1.0),
@@ -215,8 +220,9 @@ def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
         for key, v in res.timings.items():
             stages.setdefault(key, []).append(v)
     engine = res.engine
+    anywhere = bench_anywhere(reg, queries[:ANYWHERE_QUERIES], exact=n <= ANYWHERE_EXACT_MAX)
     reg.close()
-    return {
+    return {**anywhere,
         "n": n, "load_s": load_s, "index_s": index_s, "cache_s": cache_s, "engines": dict(engines), "recall": float(np.mean(recalls)),
         "min_recall": float(np.min(recalls)), "p50": pct(totals, 50), "p95": pct(totals, 95),
         "search_p50": pct(searches, 50), "brute_p50": pct(brute_searches, 50),
@@ -226,6 +232,22 @@ def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
         "candidates": int(np.median(cands)), "reranked": int(np.median(reranked)), "dtw": int(np.median(dtws)),
         "engine": engine,
     }
+
+
+def bench_anywhere(reg: Registry, queries: list[str], exact: bool) -> dict:
+    """Latency of anywhere searches (the 30-50% window matched wherever it lies), and on small
+    collections their recall@10 against the DTW at every start of every run."""
+    walls, recalls = [], []
+    for q in queries:
+        t = time.perf_counter()
+        res = find_similar(reg, q, k=10, window=ANYWHERE_WINDOW, anywhere=True)
+        walls.append((time.perf_counter() - t) * 1e3)
+        if exact:
+            truth = find_similar(reg, q, k=10, window=ANYWHERE_WINDOW, anywhere=True, exact=True)
+            want = {x.run_id for x in truth.neighbours}
+            recalls.append(len({x.run_id for x in res.neighbours} & want) / max(1, len(want)))
+    return {"any_p50": pct(walls, 50), "any_p95": pct(walls, 95),
+            "any_recall": float(np.mean(recalls)) if recalls else None}
 
 
 # --- quality ------------------------------------------------------------------------------
@@ -338,6 +360,9 @@ def main() -> int:
                   f"= {r['speedup_total']:.0f}x), C={r['candidates']}, exact pool {r['reranked']}, "
                   f"DTWs {r['dtw']}, engine {r['engine']}", flush=True)
             print("          stage p50 ms: " + ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms"].items()), flush=True)
+            recall = "" if r["any_recall"] is None else f", recall@10 {r['any_recall']:.3f} against every start"
+            print(f"          anywhere (window {ANYWHERE_WINDOW[0]:.0%}-{ANYWHERE_WINDOW[1]:.0%}, {ANYWHERE_QUERIES} "
+                  f"queries): p50 {r['any_p50']:.0f} ms, p95 {r['any_p95']:.0f} ms{recall}", flush=True)
             if args.backend == "pgvector" and set(r["engines"]) != {"pgvector hnsw"}:
                 failures.append(f"N={n}: not every query used the pgvector index: {r['engines']}")
             if n == 10_000:

@@ -130,3 +130,19 @@ def test_cli_and_api_anywhere(registry: Registry, planted):
     assert [n["run_id"] for n in got["neighbours"]] == [n["run_id"] for n in data["neighbours"]]
     plain = client.get(f"/api/runs/{q}/similar?window=0.22,0.38&k=3").get_json()
     assert plain["query"]["anywhere"] is False and all(n["match_start"] is None for n in plain["neighbours"])
+
+
+def test_cascade_with_its_paa_stage_still_finds_every_occurrence(registry: Registry, planted, monkeypatch):
+    """Stage 1b (PAA-32 DTW) runs once stage 1 passes more runs than the exact pool: shrink both
+    so that it runs on this small collection."""
+    from registry.similarity import anywhere as A
+
+    monkeypatch.setattr(A, "STAGE1_MIN", 14)
+    monkeypatch.setattr(A, "POOL_MIN", 9)
+    monkeypatch.setattr(A, "POOL_PER_K", 1)
+    q = query_run(registry)
+    res = find_similar(registry, q, k=8, window=(0.22, 0.38), anywhere=True)
+    assert res.stats["dtw_computed"] <= 9 * (2 * A.NEAR + 1)
+    assert sorted(n.name for n in res.neighbours) == sorted(f"event-{i}" for i in range(8))
+    exact = find_similar(registry, q, k=8, window=(0.22, 0.38), anywhere=True, exact=True)
+    assert [n.distance for n in res.neighbours] == pytest.approx([n.distance for n in exact.neighbours], rel=0.05)

@@ -932,8 +932,8 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         if anywhere:
             from .anywhere import search_anywhere
 
-            el, ranked, computed, buf, C = search_anywhere(session, corpus, el, qms, qgrid, portion, first, normalize,
-                                                           scales, wvec, k, exact, excluded, counts)
+            el, ranked, computed, buf, C = search_anywhere(session, corpus, el, qms, qgrid, qpaa, portion, first,
+                                                           normalize, scales, wvec, k, exact, excluded, counts)
             cand = np.arange(len(el.runs))
         elif exact or _brute:
             cand = np.arange(n_el)
