@@ -78,6 +78,18 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     assert len(rows) == 3
     assert "pendulum_default_s0" not in browser.find_element(By.ID, "neighbours").text
     wait(browser).until(lambda d: images_loaded(d, "#similar-overlay img.overlay"))
+
+    # Where else did the middle of this run happen? A window matched anywhere in the others.
+    similar = browser.find_element(By.ID, "similar-panel")
+    match = similar.find_element(By.NAME, "sim_prefix")
+    match.clear()
+    match.send_keys("25%-50%")
+    similar.find_element(By.NAME, "sim_anywhere").click()
+    similar.find_element(By.CSS_SELECTOR, "#similar-form button[type=submit]").click()
+    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "similar-panel"), "anywhere in each run"))
+    cells = browser.find_elements(By.CSS_SELECTOR, "#neighbours td.matched")
+    assert len(cells) == 3 and all(c.text.startswith("steps ") for c in cells)
+    assert browser.find_element(By.NAME, "sim_anywhere").is_selected()
     no_console_errors(browser)
 
 

@@ -330,6 +330,28 @@ def test_similar_panel_form_options(client, ids):
     assert "k must be between" in section(text(client.get(base + "&sim_k=0")), "similar-panel")
 
 
+def test_similar_panel_window_matched_anywhere(client, ids):
+    base = f"/runs/{ids['cartpole_lr_too_high_5e-2']}?sim=1&sim_prefix=20%25-60%25"
+    same = section(text(client.get(base)), "similar-panel")
+    assert "matching training 20%-60%" in same and "Matched at" not in same
+    anywhere = section(text(client.get(base + "&sim_anywhere=1")), "similar-panel")
+    assert "training 20%-60%, anywhere in each run" in anywhere and "Matched at" in anywhere
+    assert 'name="sim_anywhere" value="1" checked' in anywhere
+    cells = re.findall(r'<td class="matched">([^<]+)</td>', anywhere)
+    assert cells and all(re.match(r"steps [\d,]+\u2013[\d,]+ \(\d+%\)", html.unescape(c)) for c in cells)
+    api = html.unescape(re.search(r'<a href="(/api/runs/[^"]+/similar[^"]*)">JSON</a>', anywhere).group(1))
+    assert "window=0.2%2C0.6" in api and "anywhere=1" in api
+    data = client.get(api).get_json()
+    assert data["query"]["anywhere"] is True
+    rows = re.findall(r'<tr data-run="([0-9a-f]+)">', anywhere)
+    assert [n["run_id"] for n in data["neighbours"]] == rows
+    bad = section(text(client.get(base.replace("20%25-60%25", "20%25-") + "&sim_anywhere=1")), "similar-panel")
+    assert "must be a prefix (25%, 2000) or a window START-END" in html.unescape(bad)
+    whole = section(text(client.get(f"/runs/{ids['cartpole_lr_too_high_5e-2']}?sim=1&sim_anywhere=1")),
+                    "similar-panel")
+    assert "anywhere needs a window or a prefix" in html.unescape(whole)
+
+
 # --- health baselines -----------------------------------------------------------------------
 
 

@@ -199,6 +199,18 @@ def _parse_prefix(text: str) -> float | int | None:
     return int(value) if value > 1 and value.is_integer() else value
 
 
+def _parse_match(text: str) -> tuple[float | int | None, tuple[float | int, float | int] | None]:
+    """The panel's Match field: a prefix (``25%``, ``0.25``, ``2000``) or a window of two such
+    bounds (``30%-50%``, ``0.3-0.5``, ``2000-6000``). Returns (prefix, window)."""
+    parts = [p.strip() for p in (text or "").replace(",", "-").split("-")]
+    if len(parts) == 1:
+        return _parse_prefix(parts[0]), None
+    if len(parts) != 2 or not all(parts):
+        raise InputError(f"match {text!r} must be a prefix (25%, 2000) or a window START-END (30%-50%, 2000-6000)")
+    a, b = (0.0 if p.rstrip("%").strip() in ("0", "0.0") else _parse_prefix(p) for p in parts)
+    return None, (0.0 if a is None else a, 1.0 if b is None else b)
+
+
 def similar_options(args: Mapping[str, str]) -> dict[str, Any]:
     """The panel form's values as given (strings), with defaults."""
     raw_k = (args.get("sim_k") or "").strip()
@@ -208,6 +220,7 @@ def similar_options(args: Mapping[str, str]) -> dict[str, Any]:
         "k": raw_k or str(DEFAULT_K),
         "same_task": (args.get("sim_same_task") or "") in ("1", "on", "true", "yes"),
         "align": (args.get("sim_align") or "fraction").strip() or "fraction",
+        "anywhere": (args.get("sim_anywhere") or "") in ("1", "on", "true", "yes"),
         "submitted": "sim" in args,
     }
 
@@ -262,9 +275,10 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
         panel["error"] = "This run has no metrics the dictionary knows, so there is nothing to match on."
         return panel
     try:
-        query = {"metrics": opts["metrics"] or None, "k": _k(opts["k"]), "prefix": _parse_prefix(opts["prefix"]),
+        prefix, window = _parse_match(opts["prefix"])
+        query = {"metrics": opts["metrics"] or None, "k": _k(opts["k"]), "prefix": prefix, "window": window,
                  "align": opts["align"] if opts["align"] in ("fraction", "step") else "fraction",
-                 "same_task": opts["same_task"]}
+                 "same_task": opts["same_task"], "anywhere": opts["anywhere"]}
         key = (registry.url, run["id"], run["data_version"], tuple(sorted(query.items())), _corpus_stamp(registry))
         result = _SIMILAR.get(key)
         if result is None:
@@ -282,7 +296,7 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
             "distance": n.distance, "metric_distances": [n.metric_distances.get(m) for m in metrics],
             "verdict": n.verdict, "status": n.status, "task": n.task,
             "scores": sorted(n.scores.items()), "diffs": diffs, "diff_title": diff_title, "diffs_more": more,
-            "warnings": list(n.warnings),
+            "warnings": list(n.warnings), "matched": _matched_at(n),
         })
     excluded = []
     for g in result.excluded:
@@ -296,6 +310,7 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
         "summary": result.summary, "metrics": [{"name": m, "short": _short_metric(m)} for m in metrics],
         "neighbours": neighbours, "excluded": excluded, "warnings": list(result.warnings),
         "portion": q.get("portion_label") or "the whole run", "portion_kind": q.get("portion_kind"),
+        "anywhere": bool(q.get("anywhere")),
         "engine": result.engine, "predicted": result.predicted_verdict, "verdict_counts": result.verdict_counts,
         "eligible": result.stats.get("eligible_runs"), "last_step": q.get("last_step"),
         "api_url": url_for("api.run_similar", ref=run["id"]) + _api_query(opts),
@@ -348,10 +363,21 @@ def _corpus_stamp(registry: Registry) -> tuple:
 def _api_query(opts: Mapping[str, Any]) -> str:
     from urllib.parse import urlencode
 
-    items = [(k, v) for k, v in (("metrics", opts["metrics"]), ("prefix", opts["prefix"]), ("k", opts["k"]),
+    prefix, window = _parse_match(opts["prefix"])
+    items = [(k, v) for k, v in (("metrics", opts["metrics"]), ("prefix", "" if prefix is None else str(prefix)),
+                                 ("window", ",".join(str(b) for b in window) if window else ""), ("k", opts["k"]),
                                  ("align", opts["align"] if opts["align"] != "fraction" else ""),
-                                 ("same_task", "1" if opts["same_task"] else "")) if v]
+                                 ("same_task", "1" if opts["same_task"] else ""),
+                                 ("anywhere", "1" if opts["anywhere"] else "")) if v]
     return ("?" + urlencode(items)) if items else ""
+
+
+def _matched_at(n: Any) -> str | None:
+    """Where an anywhere search matched this neighbour: its steps and the fraction of its training."""
+    steps = next(iter(n.compared_steps.values()), None)
+    if n.match_start is None or not steps:
+        return None
+    return f"steps {steps[0]:,}\u2013{steps[1]:,} ({n.match_start:.0%})"
 
 
 def _overlay(run: Mapping[str, Any], result: Any, metrics: Sequence[str]) -> dict[str, Any]:
