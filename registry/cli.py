@@ -598,9 +598,7 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
         table.add_column(col, overflow="fold")
     for n in result.neighbours:
         diff = ", ".join(f"{key}={vals[1]}" for key, vals in list(n.param_diff.items())[:4])
-        steps = next(iter(n.compared_steps.values()), None)
-        where_cell = (f"steps {steps[0]:,}-{steps[1]:,} ({n.match_start:.0%})" if steps and n.match_start is not None
-                      else "",) if anywhere else ()
+        where_cell = (n.matched_at() or "",) if anywhere else ()
         table.add_row(str(n.rank), n.name, f"{n.distance:.3g}", *where_cell,
                       *(_fmt(n.metric_distances.get(m)) for m in result.metrics), n.verdict or "",
                       ", ".join(f"{a}={_fmt(b)}" for a, b in n.scores.items()), diff)

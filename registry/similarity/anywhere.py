@@ -167,8 +167,8 @@ def _window_paa(corpus: X.Corpus, pairs: _Eligible, normalize: str, scales: list
 
 
 def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list[QueryMetric], qgrid: np.ndarray,
-                    qpaa: np.ndarray, portion: Portion, query_first: float, normalize: str, scales: list[float], wvec: np.ndarray,
-                    k: int, exact: bool, excluded: list[dict[str, Any]],
+                    qpaa: np.ndarray, portion: Portion, query_first: float, normalize: str, scales: list[float],
+                    wvec: np.ndarray, k: int, exact: bool, excluded: list[dict[str, Any]],
                     counts: dict[str, int]) -> tuple[_Eligible, list[tuple[float, int]], int, np.ndarray, int]:
     """The k runs with the windows nearest to the query portion.
 
@@ -207,7 +207,8 @@ def search_anywhere(session: Session, corpus: X.Corpus, el: _Eligible, qms: list
         if len(pool) > keep2:  # stage 1b: PAA-32 DTW near each run's best start; the best keep2 runs go on
             runs, starts = _around(total, pool, best[pool], NEAR_PAA)
             buf = _window_paa(corpus, _pairs(el, widths, runs, starts, P), normalize, scales, wvec)
-            d1 = _dtw_block(qpaa, buf[1:], el.avail[runs], np.arange(len(runs)), None, PAA_WINDOW) / np.sqrt(el.wp[runs])
+            d1 = _dtw_block(qpaa, buf[1:], el.avail[runs], np.arange(len(runs)), None, PAA_WINDOW) \
+                / np.sqrt(el.wp[runs])
             order = np.argsort(d1, kind="stable")
             _, first = np.unique(runs[order], return_index=True)
             top = order[np.sort(first)][:keep2]

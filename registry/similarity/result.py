@@ -41,6 +41,13 @@ class Neighbour:
     warnings: list[str] = field(default_factory=list)
     match_start: float | None = None         # anywhere searches: where the matched window starts (fraction)
 
+    def matched_at(self) -> str | None:
+        """Where an anywhere search matched this run: its steps and how far into its training."""
+        steps = next(iter(self.compared_steps.values()), None)
+        if self.match_start is None or not steps:
+            return None
+        return f"steps {steps[0]:,}\u2013{steps[1]:,} ({self.match_start:.0%})"
+
 
 @dataclass
 class SimilarResult:

@@ -33,9 +33,9 @@ the 128-point grids, Sakoe-Chiba band of 10% (13 points), with dtaidistance's C 
 the stage-1c pool, in one call. The result is exact over that pool. Whole-run grids come
 from a cached float32 (runs, 128, metrics) stack, the corpus's own values: one ``np.take``
 per query for the stage-1c pool, whose rows give both its halved grids and the rerank's
-float64 buffer. ``exact=True`` skips stages 1-1c and runs stage 2 over every eligible run, in LB_Keogh order with pruning (exact, since the
-bound is one); ``brute_force`` is one C call over every eligible run, from the same cached
-stack.
+float64 buffer. ``exact=True`` skips stages 1-1c and runs stage 2 over every eligible run,
+in LB_Keogh order with pruning (exact, since the bound is one); ``brute_force`` is one C
+call over every eligible run, from the same cached stack.
 
 Distances are ``DTW_D / sqrt(128 * sum of the weights compared)``: the RMS difference per
 grid point, in z units for shapes (0 is identical, ~1.4 is unrelated).

@@ -296,7 +296,7 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
             "distance": n.distance, "metric_distances": [n.metric_distances.get(m) for m in metrics],
             "verdict": n.verdict, "status": n.status, "task": n.task,
             "scores": sorted(n.scores.items()), "diffs": diffs, "diff_title": diff_title, "diffs_more": more,
-            "warnings": list(n.warnings), "matched": _matched_at(n),
+            "warnings": list(n.warnings), "matched": n.matched_at(),
         })
     excluded = []
     for g in result.excluded:
@@ -370,14 +370,6 @@ def _api_query(opts: Mapping[str, Any]) -> str:
                                  ("same_task", "1" if opts["same_task"] else ""),
                                  ("anywhere", "1" if opts["anywhere"] else "")) if v]
     return ("?" + urlencode(items)) if items else ""
-
-
-def _matched_at(n: Any) -> str | None:
-    """Where an anywhere search matched this neighbour: its steps and the fraction of its training."""
-    steps = next(iter(n.compared_steps.values()), None)
-    if n.match_start is None or not steps:
-        return None
-    return f"steps {steps[0]:,}\u2013{steps[1]:,} ({n.match_start:.0%})"
 
 
 def _overlay(run: Mapping[str, Any], result: Any, metrics: Sequence[str]) -> dict[str, Any]:
