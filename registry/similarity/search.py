@@ -713,17 +713,31 @@ def _paa_scores(x: np.ndarray, q: np.ndarray, w: np.ndarray, avail: np.ndarray |
     matrix-vector product with the weights folded into the query (a single pass over the
     rows); else one product with a block-diagonal query matrix, per metric. (Both avoid
     reductions over the short metric axis, which cost more than the products at 10k rows.)"""
-    P, M = q.shape
-    qq = np.einsum("pm,pm->m", q, q)
     if avail is None:
-        ed = x @ np.concatenate([-2.0 * (q * w[None, :]).reshape(-1), w]).astype(np.float32)
-        ed += float(qq @ w)
+        vec, const = _query_vector(q, w)
+        ed = x @ vec
+        ed += const
         return np.maximum(ed, 0.0, out=ed)
-    blocks = np.concatenate([(-2.0 * q[:, :, None] * np.eye(M)[None]).reshape(P * M, M), np.eye(M)])
-    d = x @ blocks.astype(np.float32)
+    blocks, qq = _query_blocks(q)
+    d = x @ blocks
     d += qq[None, :]
     np.maximum(d, 0.0, out=d)
     return (d * avail) @ w
+
+
+def _query_vector(q: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
+    """The (P * M + M,) float32 vector whose product with a ``_with_norms`` row is its weighted
+    squared distance to the query minus ``||q||^2_w``, and that constant."""
+    qq = np.einsum("pm,pm->m", q, q)
+    return np.concatenate([-2.0 * (q * w[None, :]).reshape(-1), w]).astype(np.float32), float(qq @ w)
+
+
+def _query_blocks(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (P * M + M, M) float32 block-diagonal matrix giving per-metric squared distances to
+    the query minus ``||q_m||^2``, and those (M,) constants."""
+    P, M = q.shape
+    blocks = np.concatenate([(-2.0 * q[:, :, None] * np.eye(M)[None]).reshape(P * M, M), np.eye(M)])
+    return blocks.astype(np.float32), np.einsum("pm,pm->m", q, q)
 
 
 def _coarse_scores(xt: np.ndarray, q: np.ndarray, w: np.ndarray, runs: np.ndarray,
@@ -732,15 +746,14 @@ def _coarse_scores(xt: np.ndarray, q: np.ndarray, w: np.ndarray, runs: np.ndarra
     matrix of ``_whole_stack`` (the PAA-8 pass): the products run over every run (a
     contiguous pass; gathering the eligible columns first would copy the matrix), then the
     eligible entries are taken."""
-    P, M = q.shape
-    qq = np.einsum("pm,pm->m", q, q)
     if avail is None:
-        ed = np.concatenate([-2.0 * (q * w[None, :]).reshape(-1), w]).astype(np.float32) @ xt
+        vec, const = _query_vector(q, w)
+        ed = vec @ xt
         ed = ed[runs] if len(runs) < len(ed) else ed
-        ed += float(qq @ w)
+        ed += const
         return np.maximum(ed, 0.0, out=ed)
-    blocks = np.concatenate([(-2.0 * q[:, :, None] * np.eye(M)[None]).reshape(P * M, M), np.eye(M)])
-    d = (blocks.T.astype(np.float32) @ xt)[:, runs]  # (M, n)
+    blocks, qq = _query_blocks(q)
+    d = (blocks.T @ xt)[:, runs]  # (M, n)
     d += qq[:, None]
     np.maximum(d, 0.0, out=d)
     return w.astype(np.float32) @ (d * avail.T)
