@@ -26,7 +26,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    BigInteger, Engine, MetaData, String, column, delete, exists, func, or_, select, table, text, true, update,
+    ARRAY, BigInteger, Engine, MetaData, String, any_, bindparam, column, delete, exists, func, or_, select, table,
+    text, true, update,
 )
 from sqlalchemy.orm import Session
 
@@ -356,10 +357,15 @@ def fetch_grids(session: Session, ids: np.ndarray) -> np.ndarray:
     """(len(ids), levels, GRID) z-grids of the given rows, in the order given."""
     out = np.zeros((len(ids), F.N_LEVELS, F.GRID), dtype=np.float16)
     where = {int(i): j for j, i in enumerate(ids)}
-    for start in range(0, len(ids), 900):
-        chunk = [int(i) for i in ids[start:start + 900]]
-        for rid, blob in session.execute(select(CurveEmbedding.id, CurveEmbedding.grid)
-                                         .where(CurveEmbedding.id.in_(chunk))):
+    # PostgreSQL takes the ids as one array (one bind, one plan for any count); SQLite's IN
+    # list stays under its bind limit in chunks
+    pg = session.get_bind().dialect.name == "postgresql"
+    step = max(len(ids), 1) if pg else 900
+    for start in range(0, len(ids), step):
+        chunk = [int(i) for i in ids[start:start + step]]
+        match = CurveEmbedding.id == any_(bindparam("ids", chunk, type_=ARRAY(BigInteger))) if pg \
+            else CurveEmbedding.id.in_(chunk)
+        for rid, blob in session.execute(select(CurveEmbedding.id, CurveEmbedding.grid).where(match)):
             out[where[rid]] = F.decode_grid(blob)
     return out
 

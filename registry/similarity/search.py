@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from dtaidistance import dtw, dtw_ndim
-from sqlalchemy import case, func, or_, select, text
+from sqlalchemy import ARRAY, String, any_, bindparam, case, func, or_, select, text
 from sqlalchemy.orm import Session, selectinload
 
 from ..errors import InputError
@@ -1179,32 +1179,35 @@ def _pgvector_pool(session: Session, run: Run, qms: list[QueryMetric], portion: 
         union.update(session.scalars(stmt.order_by(text(f"curve_embeddings.{col} <-> CAST(:qv AS vector)")
                                                    .bindparams(qv=vectors[-1])).limit(limit)))
     pool = sorted(union)
+    ids = bindparam("pool_ids", pool, type_=ARRAY(String))
+    runs: Any = CE.run_id == any_(ids)
     if len(pool) > 2 * C:
-        pool = _nearest_by_vectors(session, col, qms, vectors, pool, 2 * C)
+        runs = CE.run_id.in_(_nearest_by_vectors(col, qms, vectors, ids, 2 * C))
     # PAA vectors and level statistics only: the grids of the few runs left after the PAA-32
-    # DTW stage are fetched for those alone
-    corpus = X.fetch_rows(session, CE.run_id.in_(pool) & CE.metric.in_([qm.name for qm in qms]),
-                          with_grids=False) if pool else X.fetch_rows(session, CE.id < 0, with_grids=False)
+    # DTW stage are fetched for those alone. One statement: the pool's ids go to the server
+    # once, as one array, and the scoring and the fetch share its plan.
+    corpus = X.fetch_rows(session, runs & CE.metric.in_([qm.name for qm in qms]), with_grids=False)
     engine = (f"pgvector hnsw ({col}, ef_search={ef}, iterative_scan=relaxed_order, "
-              f"{len(union)} runs from the index, {len(pool)} compared)")
+              f"{len(union)} runs from the index, {len(corpus.run_ids)} compared)")
     return corpus, engine, n_filtered
 
 
-def _nearest_by_vectors(session: Session, col: str, qms: list[QueryMetric], vectors: list[str], run_ids: list[str],
-                        keep: int) -> list[str]:
-    """The ``keep`` of ``run_ids`` nearest to the query by the weighted mean squared distance
-    of their ``col`` vectors over the metrics (of the query's semantics) each has."""
+def _nearest_by_vectors(col: str, qms: list[QueryMetric], vectors: list[str], run_ids: Any, keep: int) -> Any:
+    """A subquery of the ``keep`` of ``run_ids`` (an array parameter) nearest to the query by
+    the weighted mean squared distance of their ``col`` vectors over the metrics (of the
+    query's semantics) each has."""
     values = ", ".join(f"(:m{j}, :k{j}, CAST(:q{j} AS vector), CAST(:w{j} AS double precision))"
                        for j in range(len(qms)))
-    params: dict[str, Any] = {"version": F.EMBEDDING_VERSION, "ids": run_ids, "keep": keep}
+    params: dict[str, Any] = {"version": F.EMBEDDING_VERSION, "keep": keep}
     for j, (qm, vec) in enumerate(zip(qms, vectors)):
         params.update({f"m{j}": qm.name, f"k{j}": qm.sem_key, f"q{j}": vec, f"w{j}": qm.weight})
-    rows = session.execute(text(
+    scored = text(
         f"SELECT e.run_id FROM curve_embeddings e JOIN (VALUES {values}) AS q(metric, key, vec, weight) "
         "ON e.metric = q.metric AND e.semantics_key = q.key "
-        "WHERE e.version = :version AND e.run_id = ANY(:ids) GROUP BY e.run_id "
-        f"ORDER BY SUM(q.weight * power(e.{col} <-> q.vec, 2)) / SUM(q.weight), e.run_id LIMIT :keep"), params)
-    return sorted(rows.scalars())
+        "WHERE e.version = :version AND e.run_id = ANY(:pool_ids) GROUP BY e.run_id "
+        f"ORDER BY SUM(q.weight * power(e.{col} <-> q.vec, 2)) / SUM(q.weight), e.run_id LIMIT :keep"
+    ).bindparams(run_ids, **params).columns(run_id=String).subquery("nearest")
+    return select(scored.c.run_id)
 
 
 def _semantic_groups(session: Session, run: Run, qms: list[QueryMetric], conds: list[Any],
