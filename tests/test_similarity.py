@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from registry import Registry
 from registry.errors import InputError
@@ -16,6 +16,7 @@ from registry.similarity import (
     EMBEDDING_VERSION, brute_force, find_similar, rebuild_embeddings, refresh_embeddings, resolve_metrics,
 )
 from registry.similarity import index as X
+from registry.similarity import search as S
 from registry.similarity.search import PAA_POOL_MIN
 
 from conftest import reset_postgres
@@ -502,6 +503,36 @@ def test_pgvector_pool_keeps_the_runs_nearest_on_every_metric(pgvector_registry:
     res = find_similar(reg, q, k=2, candidates=2)
     assert f"{len(union)} runs from the index, 4 compared" in res.engine
     assert res.stats["eligible_runs"] == 4 and {n.run_id for n in res} <= set(expected)
+
+
+def test_pgvector_pool_size_past_the_count_cap_is_the_planners_estimate(pgvector_registry: Registry,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """The query's own semantics group is counted only up to GROUP_COUNT_CAP rows; past it the
+    pool is sized by the planner's estimate of the number of runs, or by a count when that
+    estimate is missing or below the cap. Here the cap is 3: the first query finds a stale
+    estimate (0 runs) and counts, the second uses the estimate of the last ANALYZE although
+    two runs came after it (so the pool is sized for the runs ANALYZE saw)."""
+    reg = pgvector_registry
+
+    def analyze() -> None:
+        with reg.engine.begin() as c:
+            c.execute(text("ANALYZE runs"))
+
+    analyze()  # of the empty table: an estimate of 0 runs
+    kinds = family_corpus(reg, per_kind=4)
+    q = list(kinds)[3]
+    monkeypatch.setattr(S, "GROUP_COUNT_CAP", 3)
+    counted = find_similar(reg, q, k=5)
+    assert counted.stats["candidates"] == len(kinds) - 1
+    assert [n.run_id for n in counted] == [n.run_id for n in brute_force(reg, q, k=5)]
+    analyze()
+    for i in range(2):
+        register(reg, f"late-{i}", synthetic("healthy", 100 + i, 200))
+    estimated = find_similar(reg, q, k=5)
+    assert estimated.stats["eligible_runs"] == len(kinds) + 1
+    assert estimated.stats["candidates"] == len(kinds) - 1  # the estimate (len(kinds)), less the query run
+    monkeypatch.setattr(S, "GROUP_COUNT_CAP", 10_000)
+    assert find_similar(reg, q, k=5).stats["candidates"] == len(kinds) + 1
 
 
 def test_features_of_values_near_the_float64_limit_are_those_of_the_same_curve_at_unit_scale():

@@ -86,6 +86,10 @@ HNSW_PER_METRIC = 2  # nearest rows per metric from the index, as a multiple of 
 #: the elastic pools keep their size for the collection (shares of the in-process C). At 100k
 #: runs: C = 633, recall@10 0.965, p50 446 ms; C = 2,000 gave 0.990 but 981 ms.
 INDEX_CANDIDATE_SQRT = 2.0
+#: Above this many rows the query's own semantics group is sized by the planner's estimate
+#: of the number of runs rather than counted (see ``_group_sizes``): counting would be the one
+#: per-query cost on the team server that grows linearly with the collection.
+GROUP_COUNT_CAP = 10_000
 _STACK_LOCK = threading.Lock()
 #: Planned-length hyperparameters, used to place a running run's progress on the fraction axis.
 TOTAL_STEP_PARAMS = ("total_timesteps", "n_timesteps", "total_training_steps", "max_steps", "total_steps",
@@ -1217,17 +1221,18 @@ def _semantic_groups(session: Session, run: Run, qms: list[QueryMetric], conds: 
     none of the metrics in ``counts`` (they never reach the index's pool), and return the
     largest number of runs having one of the metrics (the collection size the pool is sized by).
 
-    Without filters the counts come from the (version, metric, semantics_key) index alone,
-    the query run's own rows subtracted afterwards; an example run is looked up per excluded
-    group."""
+    Without filters the counts come from the (version, metric, semantics_key) index alone
+    (``_group_sizes``), the query run's own rows subtracted afterwards; an example run is
+    looked up per excluded group."""
     CE = CurveEmbedding
     names = [qm.name for qm in qms]
     where = [CE.version == F.EMBEDDING_VERSION, CE.metric.in_(names)]
-    stmt = select(CE.metric, CE.semantics_key, func.count()).where(*where)
     if conds:  # the join reads the rows anyway
-        stmt = stmt.join(Run, Run.id == CE.run_id).where(*conds, CE.run_id != run.id)
-    groups = {(m, key): int(n) for m, key, n in session.execute(stmt.group_by(CE.metric, CE.semantics_key))}
-    if not conds:
+        stmt = select(CE.metric, CE.semantics_key, func.count()).where(*where) \
+            .join(Run, Run.id == CE.run_id).where(*conds, CE.run_id != run.id)
+        groups = {(m, key): int(n) for m, key, n in session.execute(stmt.group_by(CE.metric, CE.semantics_key))}
+    else:
+        groups = _group_sizes(session, qms)
         for m, key in session.execute(select(CE.metric, CE.semantics_key).where(*where, CE.run_id == run.id)):
             if (m, key) in groups:
                 groups[(m, key)] -= 1
@@ -1254,6 +1259,40 @@ def _semantic_groups(session: Session, run: Run, qms: list[QueryMetric], conds: 
             none_match = none_match.join(Run, Run.id == CE.run_id).where(*conds)
         counts["semantics_pool"] = int(session.scalar(select(func.count()).select_from(none_match.subquery())) or 0)
     return max(per_metric.values(), default=0)
+
+
+def _group_sizes(session: Session, qms: list[QueryMetric]) -> dict[tuple[str, str], int]:
+    """Rows per (metric, semantics key) of the query's metrics, in one statement whose cost
+    does not grow with the collection: the keys come from a skip scan of the (version,
+    metric, semantics_key) index (one probe per key), the other semantics' groups (runs to
+    name as excluded, usually few) are counted exactly, and the query's own group up to
+    ``GROUP_COUNT_CAP`` rows; a larger one is taken as the planner's estimate of the number
+    of runs (``pg_class.reltuples``, kept by autovacuum; counted when it is missing or
+    below the cap), which only sizes the candidate pool (C grows with its square root)."""
+    values = ", ".join(f"(CAST(:m{j} AS text), CAST(:k{j} AS text))" for j in range(len(qms)))
+    params: dict[str, Any] = {"v": F.EMBEDDING_VERSION, "cap": GROUP_COUNT_CAP}
+    for j, qm in enumerate(qms):
+        params.update({f"m{j}": qm.name, f"k{j}": qm.sem_key})
+    first_key = "SELECT min(semantics_key) FROM curve_embeddings WHERE version = :v AND metric = "
+    rows = session.execute(text(
+        f"WITH RECURSIVE q(metric, own) AS (VALUES {values}), "
+        f"k(metric, own, key) AS (SELECT metric, own, ({first_key}q.metric) FROM q "
+        f"UNION ALL SELECT metric, own, ({first_key}k.metric AND semantics_key > k.key) "
+        "FROM k WHERE key IS NOT NULL) "
+        "SELECT metric, key, key = own, (SELECT count(*) FROM (SELECT 1 FROM curve_embeddings c "
+        "WHERE c.version = :v AND c.metric = k.metric AND c.semantics_key = k.key "
+        "LIMIT CASE WHEN k.key = k.own THEN :cap END) s), "
+        "(SELECT reltuples FROM pg_class WHERE oid = CAST('runs' AS regclass)) "
+        "FROM k WHERE key IS NOT NULL"), params)
+    out = {}
+    for m, key, own, n, estimate in rows.all():
+        if own and n >= GROUP_COUNT_CAP:
+            # no usable estimate (never analysed, or stale below the cap): count after all
+            n = estimate if estimate and estimate > n else session.scalar(
+                select(func.count()).where(CurveEmbedding.version == F.EMBEDDING_VERSION,
+                                           CurveEmbedding.metric == m, CurveEmbedding.semantics_key == key))
+        out[(m, key)] = int(n)
+    return out
 
 
 def find_similar_for_run(registry: Any, run_id: str, *, status: str | None = None, **query: Any) -> Any:
