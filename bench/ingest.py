@@ -78,7 +78,8 @@ def main() -> None:
         read = bench_read(f"sqlite:///{Path(tmp) / 'read.db'}", 100_000)
     print(f"points: {n:,} ({args.metrics} metrics x {args.steps:,} steps)")
     print(f"reference  sqlite3.executemany, indexed table, one transaction: {n / ref:12,.0f} points/s  ({ref:.3f} s)")
-    print(f"rlregistry register (one transaction):                           {n / ours:12,.0f} points/s  ({ours:.3f} s)")
+    print(f"rlregistry register (one transaction):                           {n / ours:12,.0f} points/s  "
+          f"({ours:.3f} s)")
     print(f"ratio rlregistry / reference: {ref / ours:.1f}x  (target >= 1.0x)")
     print(f"read one 100,000-point curve: {read * 1000:.2f} ms median  (target < 10 ms)")
     if ours > ref or read > 0.010:

@@ -223,7 +223,8 @@ def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
     anywhere = bench_anywhere(reg, queries[:ANYWHERE_QUERIES], exact=n <= ANYWHERE_EXACT_MAX)
     reg.close()
     return {**anywhere,
-        "n": n, "load_s": load_s, "index_s": index_s, "cache_s": cache_s, "engines": dict(engines), "recall": float(np.mean(recalls)),
+        "n": n, "load_s": load_s, "index_s": index_s, "cache_s": cache_s, "engines": dict(engines),
+        "recall": float(np.mean(recalls)),
         "min_recall": float(np.min(recalls)), "p50": pct(totals, 50), "p95": pct(totals, 95),
         "search_p50": pct(searches, 50), "brute_p50": pct(brute_searches, 50),
         "speedup": statistics.median(brute_searches) / statistics.median(searches),
@@ -353,7 +354,8 @@ def main() -> int:
             finally:
                 db.drop()
             rows.append(r)
-            print(f"N={n:>7,} [{args.backend}]: load {r['load_s']:.0f}s, HNSW build {r['index_s']:.0f}s, cache fill {r['cache_s'] * 1e3:.0f} ms, "
+            print(f"N={n:>7,} [{args.backend}]: load {r['load_s']:.0f}s, HNSW build {r['index_s']:.0f}s, "
+                  f"cache fill {r['cache_s'] * 1e3:.0f} ms, "
                   f"recall@10 {r['recall']:.3f} (min {r['min_recall']:.1f}), p50 {r['p50']:.1f} ms, "
                   f"p95 {r['p95']:.1f} ms, search p50 {r['search_p50']:.2f} ms vs brute {r['brute_p50']:.0f} ms "
                   f"= {r['speedup']:.0f}x search (end-to-end wall {r['p50']:.1f} vs {r['brute_total_p50']:.0f} ms "

@@ -175,7 +175,8 @@ def _print_registration(result) -> None:  # result: RegistrationResult
         highlight=False,
     )
     if result.mapped:
-        console.print(f"  mapped {len(result.mapped)}: " + ", ".join(f"{k} -> {v}" for k, v in sorted(result.mapped.items())),
+        console.print(f"  mapped {len(result.mapped)}: "
+                      + ", ".join(f"{k} -> {v}" for k, v in sorted(result.mapped.items())),
                       highlight=False, markup=False)
     for key, suggestions in sorted(result.unmapped.items()):
         hint = f" (did you mean {', '.join(suggestions)}?)" if suggestions else ""
@@ -197,7 +198,8 @@ def _print_registration(result) -> None:  # result: RegistrationResult
 @json_option
 @click.pass_context
 def runs(ctx: click.Context, where: str | None, project: str | None, tag: str | None, verdict: str | None,
-         status: str | None, order_by: str, limit: int, offset: int, show_params: tuple[str, ...], as_json: bool) -> None:
+         status: str | None, order_by: str, limit: int, offset: int, show_params: tuple[str, ...],
+         as_json: bool) -> None:
     """List runs, filtered by project, tag, outcome or hyperparameter expressions."""
     rows, total = open_from(ctx).list_runs(where=where, project=project, tag=tag, verdict=verdict, status=status,
                                            order_by=order_by, limit=limit, offset=offset)
@@ -243,7 +245,8 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
     if detail.get("notes"):
         console.print(f"  notes: {detail['notes']}", markup=False)
     for c in detail["checkpoints"]:
-        console.print(f"  checkpoint @ {c['step']}: {c['uri']}" + (f" ({c['note']})" if c["note"] else ""), markup=False)
+        console.print(f"  checkpoint @ {c['step']}: {c['uri']}" + (f" ({c['note']})" if c["note"] else ""),
+                      markup=False)
     if detail["params"]:
         params = Table(title="hyperparameters", title_justify="left")
         params.add_column("key")
@@ -332,7 +335,8 @@ def dictionary_list(ctx: click.Context, layer: str | None, as_json: bool) -> Non
         echo_json(defs)
         return
     table = Table(title=f"{len(defs)} metric definitions", title_justify="left")
-    for col in ("layer", "name", "quantity", "averaging", "KL est.", "norm. axis", "logging point", "healthy", "aliases"):
+    for col in ("layer", "name", "quantity", "averaging", "KL est.", "norm. axis", "logging point", "healthy",
+                "aliases"):
         table.add_column(col, overflow="fold")
     for d in defs:
         hr = d["healthy_range"]
@@ -377,7 +381,8 @@ def dictionary_show(ctx: click.Context, name: str, as_json: bool) -> None:
     for col in ("framework", "algorithm", "key", "semantics", "aggregation", "source"):
         aliases.add_column(col, overflow="fold")
     for a in data["aliases"]:
-        sem = ", ".join(f"{k}={a[k]}" for k in ("kl_estimator", "averaging", "normalization_axis", "logging_point") if a[k])
+        sem = ", ".join(f"{k}={a[k]}" for k in ("kl_estimator", "averaging", "normalization_axis",
+                                                "logging_point") if a[k])
         if a["sign"] != 1.0:
             sem += f", sign={a['sign']:g}"
         aliases.add_row(a["framework"], a["algorithm"], a["key"], sem, a["aggregation"], a["source"])
@@ -565,7 +570,8 @@ def _prefix_value(text: str | None) -> float | int | None:
 @click.option("--same-task", is_flag=True)
 @click.option("--same-project", is_flag=True)
 @click.option("--same-algorithm", is_flag=True)
-@click.option("--outcome", "outcomes", multiple=True, type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
+@click.option("--outcome", "outcomes", multiple=True,
+              type=click.Choice(["success", "failed", "diverged", "inconclusive"]))
 @json_option
 @click.pass_context
 def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | None, window: str | None,
@@ -583,8 +589,8 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
     reg = open_from(ctx)
     detail = reg.run_detail(run)
     result = find_similar_for_run(
-        reg, detail["id"], status=detail["status"], metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span, align=align,
-        normalize=normalize, where=where, same_task=same_task, same_project=same_project,
+        reg, detail["id"], status=detail["status"], metrics=metrics, k=k, prefix=_prefix_value(prefix), window=span,
+        align=align, normalize=normalize, where=where, same_task=same_task, same_project=same_project,
         same_algorithm=same_algorithm, outcome=list(outcomes) or None, anywhere=anywhere,
     )
     if as_json:
@@ -643,7 +649,8 @@ def baseline() -> None:
 
 @baseline.command("build")
 @click.argument("task")
-@click.option("--run", "runs", multiple=True, help="Learn from these runs (default: runs with verdict success or tag healthy).")
+@click.option("--run", "runs", multiple=True,
+              help="Learn from these runs (default: runs with verdict success or tag healthy).")
 @click.option("--author", default="cli", show_default=True)
 @json_option
 @click.pass_context

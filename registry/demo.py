@@ -55,7 +55,8 @@ def hyperparameters(algorithm: str, lr: float, seed: int) -> dict[str, Any]:
             "clip_range": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "seed": seed}
 
 
-def alias_keys(definitions: Mapping[str, Mapping[str, Any]], framework: str, algorithm: str) -> dict[str, tuple[str, float]]:
+def alias_keys(definitions: Mapping[str, Mapping[str, Any]], framework: str,
+               algorithm: str) -> dict[str, tuple[str, float]]:
     """canonical name -> (raw key, sign) for one framework, preferring the algorithm-specific alias."""
     out: dict[str, tuple[str, float]] = {}
     for name, definition in definitions.items():

@@ -152,7 +152,8 @@ def _metric_stat_column(field: str) -> tuple[str, str, Any]:
     _, rest = field.split(".", 1)
     name, _, stat = rest.rpartition(".")
     if not name or stat not in SERIES_STATS and stat != "mean":
-        raise ValueError(f"write metric fields as metric.NAME.STAT with STAT one of {', '.join([*SERIES_STATS, 'mean'])}")
+        raise ValueError(f"write metric fields as metric.NAME.STAT with STAT one of "
+                         f"{', '.join([*SERIES_STATS, 'mean'])}")
     if stat == "mean":
         return name, stat, Series.finite_sum / func.nullif(Series.count - Series.nan_count - Series.inf_count, 0)
     return name, stat, SERIES_STATS[stat]
@@ -205,7 +206,8 @@ def _comparison(field: str, op: str, value: _Value) -> ColumnElement:
         if value.kind != "number" or op == "~":
             raise ValueError(f"{field} compares with a number")
         return exists(select(OutcomeScore.run_id).where(
-            OutcomeScore.run_id == Run.id, OutcomeScore.name == field[6:], COMPARATORS[op](OutcomeScore.value, value.value)))
+            OutcomeScore.run_id == Run.id, OutcomeScore.name == field[6:],
+            COMPARATORS[op](OutcomeScore.value, value.value)))
     if lowered.startswith("metric."):
         return _metric_condition(field, op, value)
     key = field[6:] if lowered.startswith("param.") else field

@@ -105,7 +105,8 @@ def baseline_stamps(session: Any, tasks: Sequence[str | None]) -> dict[str, str]
     wanted = sorted({t for t in tasks if t})
     if not wanted:
         return {}
-    rows = session.execute(select(HealthBaseline.task, HealthBaseline.updated_at).where(HealthBaseline.task.in_(wanted)))
+    rows = session.execute(select(HealthBaseline.task, HealthBaseline.updated_at)
+                           .where(HealthBaseline.task.in_(wanted)))
     return {task: _iso(updated) for task, updated in rows}
 
 
@@ -418,7 +419,8 @@ def build_task_baseline(
     ``keep_edits``: bands and warning texts the team edited by hand since the last build
     that discarded them are applied again on top of the newly learned profile.
     """
-    ids = [registry.run_detail(r)["id"] for r in run_refs] if run_refs else [r["id"] for r in healthy_runs(registry, task)]
+    ids = ([registry.run_detail(r)["id"] for r in run_refs] if run_refs
+           else [r["id"] for r in healthy_runs(registry, task)])
     ids = list(dict.fromkeys(ids))
     if not ids:
         raise InputError(

@@ -62,7 +62,9 @@ class Run(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
-    params: Mapped[list[RunParam]] = relationship(back_populates="run", cascade="all, delete-orphan", passive_deletes=True)
+    params: Mapped[list[RunParam]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
+    )
     tags: Mapped[list[RunTag]] = relationship(back_populates="run", cascade="all, delete-orphan", passive_deletes=True)
     scores: Mapped[list[OutcomeScore]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     checkpoints: Mapped[list[Checkpoint]] = relationship(

@@ -90,7 +90,8 @@ class SeriesBuilder:
         dropped = len(col.steps) - cut
         del col.steps[cut:], col.values[cut:], col.walls[cut:]
         kind = "repeated" if dropped == 1 else "went back"
-        self.warnings.append(f"{self.source}, {position}: step {step} of {key!r} {kind}; kept the later value(s), dropped {dropped}")
+        self.warnings.append(f"{self.source}, {position}: step {step} of {key!r} {kind}; "
+                             f"kept the later value(s), dropped {dropped}")
 
     def extend(self, points: Iterable[Point]) -> None:
         for p in points:

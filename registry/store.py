@@ -433,7 +433,8 @@ class Registry:
         **run_fields: Any,
     ) -> RegistrationResult:
         """Register a whole run at once from in-memory arrays (one transaction)."""
-        series = {k: v if isinstance(v, SeriesData) else SeriesData(np.asarray(v[0], np.int64), np.asarray(v[1], np.float64))
+        series = {k: v if isinstance(v, SeriesData) else SeriesData(np.asarray(v[0], np.int64),
+                                                                    np.asarray(v[1], np.float64))
                   for k, v in data.items()}
         with self.transaction() as session:
             index = self._alias_index(session)
@@ -442,7 +443,8 @@ class Registry:
                                 project=run_fields.pop("project", "default"),
                                 algorithm=run_fields.pop("algorithm", None), task=run_fields.pop("task", None),
                                 params=run_fields.pop("params", None), tags=run_fields.pop("tags", None),
-                                code_version=run_fields.pop("code_version", None), run_id=run_fields.pop("run_id", None))
+                                code_version=run_fields.pop("code_version", None),
+                                run_id=run_fields.pop("run_id", None))
             if run_fields:
                 raise TypeError(f"unknown run field(s): {', '.join(run_fields)}")
             if status != "running":
@@ -556,7 +558,8 @@ class Registry:
                 if name in out:
                     continue
                 data = read_series_chunks(session, series.id)
-                out[name] = SeriesData(data.steps, data.values * series.sign, data.wall_times) if series.sign != 1.0 else data
+                out[name] = (SeriesData(data.steps, data.values * series.sign, data.wall_times)
+                             if series.sign != 1.0 else data)
             return out
 
     def run_detail(self, run_ref: str) -> dict[str, Any]:
@@ -675,7 +678,8 @@ def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
         "verdict": run.verdict,
         "code_version": run.code_version,
         "tags": sorted(t.tag for t in run.tags),
-        "params": {p.key: restore_value(p.value_type, p.num_value, p.text_value) for p in sorted(run.params, key=lambda p: p.key)},
+        "params": {p.key: restore_value(p.value_type, p.num_value, p.text_value)
+                   for p in sorted(run.params, key=lambda p: p.key)},
         "scores": {s.name: s.value for s in run.scores},
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
@@ -732,7 +736,8 @@ class RunHandle:
         self._last_step: dict[str, int] = {}
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float | None = None) -> None:
-        """Buffer one step's metrics (wall time: now, unless given); flushed every ``flush_points`` points and on finish."""
+        """Buffer one step's metrics (wall time: now, unless given); flushed every ``flush_points`` points
+        and on finish."""
         step = int(step)
         now = time.time()
         for key, value in metrics.items():

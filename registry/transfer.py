@@ -67,12 +67,13 @@ def _tables() -> list[Table]:
     return list(Base.metadata.sorted_tables)
 
 
-def export_registry(registry: Registry, path: str | Path, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+def export_registry(registry: Registry, path: str | Path,
+                    progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Write every table of ``registry`` to ``path``; returns rows written per table."""
     counts: dict[str, int] = {}
     with gzip.open(path, "wt", encoding="utf-8") as out, registry.engine.connect() as conn:
-        header = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "schema_revision": current_revision(registry.engine),
-                  "tables": [t.name for t in _tables()]}
+        header = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+                  "schema_revision": current_revision(registry.engine), "tables": [t.name for t in _tables()]}
         out.write(json.dumps(header) + "\n")
         for table in _tables():
             n = 0

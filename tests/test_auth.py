@@ -42,7 +42,8 @@ def test_passwords(registry: Registry):
 
 def test_cli_token_commands(sqlite_url: str):
     runner = CliRunner()
-    assert runner.invoke(cli, ["--db", sqlite_url, "user", "create", "dana", "--password", "s3cret-pass"]).exit_code == 0
+    assert runner.invoke(cli, ["--db", sqlite_url, "user", "create", "dana", "--password",
+                               "s3cret-pass"]).exit_code == 0
     out = runner.invoke(cli, ["--db", sqlite_url, "token", "create", "--user", "dana", "--name", "ci"])
     assert out.exit_code == 0
     secret = out.output.splitlines()[0]

@@ -31,8 +31,8 @@ def test_register_list_show_outcome(rlreg, sb3_runs: Path):
     runs = json.loads(rlreg("runs", "--json", "--where", "learning_rate>1e-4 and algorithm=PPO"))
     assert runs["total"] == 1
     run_id = runs["runs"][0]["id"]
-    rlreg("outcome", run_id, "--verdict", "success", "--score", "final_return=500", "--checkpoint", "100352=ckpt/final.zip",
-          "--notes", "solved")
+    rlreg("outcome", run_id, "--verdict", "success", "--score", "final_return=500", "--checkpoint",
+          "100352=ckpt/final.zip", "--notes", "solved")
     detail = json.loads(rlreg("show", run_id, "--json"))
     assert detail["verdict"] == "success" and detail["scores"] == {"final_return": 500.0}
     assert detail["checkpoints"] == [{"step": 100352, "uri": "ckpt/final.zip", "note": None}]

@@ -13,7 +13,8 @@ from registry.errors import DefinitionError, InputError
 
 
 def test_edit_records_version_and_runs_keep_their_snapshot(registry: Registry):
-    old = registry.register_arrays("before", {"train/clip_fraction": ([1, 2], [0.1, 0.2])}, framework="stable-baselines3")
+    old = registry.register_arrays("before", {"train/clip_fraction": ([1, 2], [0.1, 0.2])},
+                                   framework="stable-baselines3")
     old_series = registry.run_detail(old.run_id)["series"][0]
     name = old_series["definition"]
     with registry.transaction() as s:

@@ -76,7 +76,8 @@ structural = st.sampled_from(b",\n\r\"{}[]:-. 0123456789eE\x00\xff")
 @SETTINGS
 @given(st.sampled_from(sorted(FIXTURES)), edits, st.lists(structural, max_size=4))
 def test_mutated_fixture_gives_points_or_input_error(format, edit_list, extra):
-    data = mutate(FIXTURES[format], [(k, w, extra[i % len(extra)] if extra else b) for i, (k, w, b) in enumerate(edit_list)])
+    data = mutate(FIXTURES[format],
+                  [(k, w, extra[i % len(extra)] if extra else b) for i, (k, w, b) in enumerate(edit_list)])
     outcome(data, ".txt", format)
     outcome(data, ".txt", None)  # detection must not crash either
 

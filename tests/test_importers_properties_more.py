@@ -46,7 +46,8 @@ def _points_or_error(data: bytes, name: str, fmt: str | None) -> None:
 @SETTINGS
 @given(edits, st.lists(structural, max_size=4))
 def test_mutated_event_file(edit_list, extra):
-    data = mutate(_event_bytes(), [(k, w, extra[i % len(extra)] if extra else b) for i, (k, w, b) in enumerate(edit_list)])
+    data = mutate(_event_bytes(),
+                  [(k, w, extra[i % len(extra)] if extra else b) for i, (k, w, b) in enumerate(edit_list)])
     _points_or_error(data, "events.out.tfevents.1.host", "tensorboard")
 
 

@@ -35,7 +35,8 @@ def test_every_migration_steps_up_and_down_with_data(db_url: str):
     from registry.migrate import alembic_config
 
     engine = make_engine(db_url)
-    revisions = [s.revision for s in reversed(list(ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()))]
+    revisions = [s.revision
+                 for s in reversed(list(ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()))]
     assert revisions[0] == "0001" and len(revisions) >= 4
     upgrade(engine, revisions[0])
     with engine.begin() as conn:

@@ -207,7 +207,8 @@ def test_production_refuses_to_start_without_a_secret(tmp_path, monkeypatch):
 # --- SQL injection ---------------------------------------------------------------------------------
 
 SQLI = [
-    "' OR '1'='1", "'; DROP TABLE runs; --", "\" OR 1=1 --", "1; DELETE FROM series", "x') UNION SELECT * FROM users --",
+    "' OR '1'='1", "'; DROP TABLE runs; --", "\" OR 1=1 --", "1; DELETE FROM series",
+    "x') UNION SELECT * FROM users --",
     "name=x' OR 1=1 --", "learning_rate>0 or 1=1); drop table runs; --", "%' --", "\\'; --", "0x27", "\x00",
     "name IN (SELECT password_hash FROM users)", "-created_at; DROP TABLE runs",
 ]
@@ -270,7 +271,8 @@ def test_sql_injection_payloads_get_clean_answers_and_change_nothing(site):
                          json={"batch_id": f"b{i}", "points": {payload: {"steps": [1], "values": [1]}}})
         assert ok.status_code == 200 and ok.get_json()["applied"]
         assert reg.read_series(run["id"], payload).values.tolist() == [1.0]
-        assert client.post(f"/api/runs/{payload}/outcome", json={"notes": payload}, headers=auth).status_code in (200, 404)
+        assert client.post(f"/api/runs/{payload}/outcome", json={"notes": payload},
+                           headers=auth).status_code in (200, 404)
     assert client.post("/api/runs", json={"name": "\x00bad"}, headers=auth).status_code == 400
     assert client.delete("/api/runs/' OR 'x'='x", headers=auth).status_code == 404
     # A run really named "' OR '1'='1" is deleted by name: that one run and no other.
@@ -295,11 +297,16 @@ def test_malformed_write_bodies_are_400_json(site):
         ("/api/runs", {"name": "x", "run_id": "../../etc"}, "run_id"),
         ("/api/runs", {"name": "x" * 500}, "longer than"),
         (f"/api/runs/{run}/metrics", {"points": {}}, "batch_id"),
-        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1.5], "values": [1]}}}, "whole number"),
-        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [True], "values": [1]}}}, "whole number"),
-        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1], "values": ["1"]}}}, "not a number"),
-        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1, 2], "values": [1]}}}, "2 steps but 1"),
-        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [2, 1], "values": [1, 2]}}}, "does not increase"),
+        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1.5], "values": [1]}}},
+         "whole number"),
+        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [True], "values": [1]}}},
+         "whole number"),
+        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1], "values": ["1"]}}},
+         "not a number"),
+        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [1, 2], "values": [1]}}},
+         "2 steps but 1"),
+        (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [2, 1], "values": [1, 2]}}},
+         "does not increase"),
         (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"k": {"steps": [2**70], "values": [1]}}}, "int64"),
         (f"/api/runs/{run}/metrics", {"batch_id": "a", "points": {"\x01": {"steps": [1], "values": [1]}}}, "printable"),
         (f"/api/runs/{run}/outcome", {"verdict": "great"}, "verdict must be one of"),

@@ -47,7 +47,8 @@ def test_write_endpoints_match_the_spec(call):
     assert do("POST", "/api/runs", 200, json={"name": "spec-run", "run_id": "ab" * 16})["id"] == run["id"]
     assert "error" in do("POST", "/api/runs", 409, json={"name": "other", "run_id": "ab" * 16})
     batch = {"batch_id": "0b7c9d2e-1", "points": {
-        "actor/kl_loss": {"steps": [1, 2, 3, 4], "values": [0.1, "NaN", "Infinity", None], "wall_times": [1.0, 2.0, 3.0, 4.0]},
+        "actor/kl_loss": {"steps": [1, 2, 3, 4], "values": [0.1, "NaN", "Infinity", None],
+                          "wall_times": [1.0, 2.0, 3.0, 4.0]},
         "critic/score/mean": {"steps": [1, 2], "values": [0.5, "-Infinity"]}},
         "semantics": {"actor/kl_loss": {"kl_estimator": "k1"}}}
     ack = do("POST", f"/api/runs/{run['id']}/metrics", 200, json=batch)

@@ -22,7 +22,8 @@ def test_stream_log_finish_and_read_back(registry: Registry):
                         checkpoints=[(100, "s3://ckpt/100"), (300, "s3://ckpt/300")])
     detail = registry.run_detail(run.id)
     assert detail["status"] == "finished" and detail["algorithm"] == "GRPO"
-    assert detail["params"] == {"actor.lr": 1e-6, "actor.ppo_epochs": 1, "algorithm.adv_estimator": "grpo", "use_kl": True}
+    assert detail["params"] == {"actor.lr": 1e-6, "actor.ppo_epochs": 1, "algorithm.adv_estimator": "grpo",
+                                "use_kl": True}
     assert detail["tags"] == ["baseline", "seed0"]
     assert detail["scores"] == {"gsm8k_acc": 0.71}
     assert [c["step"] for c in detail["checkpoints"]] == [100, 300]

@@ -251,7 +251,8 @@ def test_plot_data_downloads(client, ids):
     lines = text(csv_response).strip().splitlines()
     assert lines[0] == "step,value,smoothed" and len(lines) == 61
     assert "attachment" in csv_response.headers["Content-Disposition"]
-    data = client.get(f"/plots/run/{ids['grpo-lr5e-5']}/data.json?key=actor/kl_loss&smooth=trailing&window=3").get_json()
+    data = client.get(f"/plots/run/{ids['grpo-lr5e-5']}/data.json"
+                      f"?key=actor/kl_loss&smooth=trailing&window=3").get_json()
     assert data["count"] == 60 and data["smoothing"]["method"] == "trailing" and data["smoothing"]["window"] == 3
     assert data["value"].count(None) == 1 and data["smoothed"].count(None) == 1
     # canonical sign in exports: SB3 logs -entropy
@@ -416,7 +417,8 @@ def test_edit_definition_needs_csrf_and_records_a_version(db_app):
     for name in ("layer", "quantity", "higher_is_better", "averaging", "kl_estimator", "normalization_axis",
                  "logging_point"):
         select = re.search(rf'<select[^>]*name="{name}"[^>]*>(.*?)</select>', text(form_page), re.S).group(1)
-        chosen = re.search(r'<option selected value="([^"]*)"', select) or re.search(r'<option value="([^"]*)" selected', select)
+        chosen = (re.search(r'<option selected value="([^"]*)"', select)
+                  or re.search(r'<option value="([^"]*)" selected', select))
         fields[name] = chosen.group(1) if chosen else ""
     fields.update({"healthy_low": "0.05", "note": "entropy below 0.05 is a collapse"})
 
@@ -459,4 +461,5 @@ def test_metric_columns_cover_every_framework_on_the_page():
         "sb3": {"episode_return_mean": {}, "kl_old_mean": {}, "entropy": {}},
         "verl": {"reward_format_mean": {}, "reward_sequence_mean": {}, "kl_old_mean": {}, "entropy": {}},
     }
-    assert set(pick_metric_columns(last, defs)) == {"episode_return_mean", "reward_sequence_mean", "kl_old_mean", "entropy"}
+    assert set(pick_metric_columns(last, defs)) == {"episode_return_mean", "reward_sequence_mean", "kl_old_mean",
+                                                    "entropy"}

@@ -105,7 +105,8 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_in_triage_order_with_rollback(
     page = text(client.get(f"/runs/{ids['cartpole_lr_too_high_5e-2']}"))
     panel = section(page, "diagnosis-panel")
     assert 'data-worst="critical"' in panel
-    spike = re.search(r'<li class="finding sev-line-critical" data-detector="kl_spike" data-metric="kl_old_mean"[^>]*>(.*?)</li>',
+    spike = re.search(r'<li class="finding sev-line-critical" data-detector="kl_spike" data-metric="kl_old_mean"'
+                      r'[^>]*>(.*?)</li>',
                       panel, re.DOTALL)
     assert spike, panel[:3000]
     assert "KL spike" in spike.group(1) and "step 4,096" in spike.group(1) and "5.98" in spike.group(1)
@@ -361,7 +362,8 @@ def csrf_token(page: str) -> str:
 
 def _login(client, username: str, password: str) -> None:
     token = csrf_token(text(client.get("/login")))
-    assert client.post("/login", data={"username": username, "password": password, "csrf_token": token}).status_code == 302
+    assert client.post("/login",
+                       data={"username": username, "password": password, "csrf_token": token}).status_code == 302
 
 
 def _logout(client) -> None:
@@ -412,7 +414,8 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     _login(c, "Grace", "compiler-first")
     edit = text(c.get("/baselines/CartPole-v1/metrics/kl_old_mean/edit"))
     fields = dict(re.findall(r'<input[^>]*name="([a-z_]+)"[^>]*value="([^"]*)"', edit))
-    fields["warning"] = html.unescape(re.search(r'<textarea[^>]*name="warning"[^>]*>\s*(.*?)</textarea>', edit, re.DOTALL).group(1))
+    fields["warning"] = html.unescape(re.search(r'<textarea[^>]*name="warning"[^>]*>\s*(.*?)</textarea>',
+                                                edit, re.DOTALL).group(1))
     bad_form = dict(fields, mid_low="0.5", mid_high="0.1", author="Grace")
     assert c.post("/baselines/CartPole-v1/metrics/kl_old_mean/edit", data=bad_form).status_code == 400
     one_side = dict(fields, mid_low="", author="Grace")
@@ -422,7 +425,8 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     assert response.status_code == 302, text(response)[:2000]
     page = text(c.get(response.headers["Location"]))
     assert "Saved kl_old_mean: mid changed by Grace." in page
-    row = re.search(r'<tr id="metric-kl_old_mean" data-metric="kl_old_mean" class="edited">.*?</tr>', page, re.DOTALL).group(0)
+    row = re.search(r'<tr id="metric-kl_old_mean" data-metric="kl_old_mean" class="edited">.*?</tr>',
+                    page, re.DOTALL).group(0)
     assert "0.03</span>" in row and "edited by Grace" in row
     history = section(page, "baseline-history")
     assert "Grace" in history and "too big a step" in history and "&rarr;" in history
@@ -438,7 +442,8 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     _logout(c)
     _login(c, "Ada", "analytical-engine")
     token = csrf_token(text(c.get("/baselines/CartPole-v1")))
-    c.post("/baselines/CartPole-v1/build", data={"runs": [healthy], "author": "Ada", "keep_edits": "y", "csrf_token": token})
+    c.post("/baselines/CartPole-v1/build",
+           data={"runs": [healthy], "author": "Ada", "keep_edits": "y", "csrf_token": token})
     assert c.get("/api/baselines/CartPole-v1").get_json()["metrics"]["kl_old_mean"]["mid"]["high"] == 0.03
     c.post("/baselines/CartPole-v1/build", data={"runs": [healthy], "author": "Ada", "csrf_token": token})
     assert c.get("/api/baselines/CartPole-v1").get_json()["metrics"]["kl_old_mean"]["mid"]["high"] != 0.03

@@ -164,7 +164,8 @@ def params_from_assignments(assignments: Iterable[str]) -> dict[str, Any]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 prefix = ".".join(parents[: depth + 1])
-                raise InputError(f"{prefix!r} was already given a value, so it cannot hold {key!r}", f"parameter {text!r}")
+                raise InputError(f"{prefix!r} was already given a value, so it cannot hold {key!r}",
+                                 f"parameter {text!r}")
             node = child
         node[leaf] = value
     return params

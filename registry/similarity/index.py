@@ -253,8 +253,8 @@ def rebuild_embeddings(registry: Any, *, run_ids: Iterable[str] | None = None, b
 
 # the logging point is the only semantics field read per row: extracted in SQL, not parsed as JSON
 LOAD_COLUMNS = (CurveEmbedding.id, CurveEmbedding.run_id, CurveEmbedding.metric, CurveEmbedding.semantics_key,
-                CurveEmbedding.semantics["logging_point"].as_string(), CurveEmbedding.first_step, CurveEmbedding.last_step,
-                CurveEmbedding.point_count, CurveEmbedding.level_stats, CurveEmbedding.paa)
+                CurveEmbedding.semantics["logging_point"].as_string(), CurveEmbedding.first_step,
+                CurveEmbedding.last_step, CurveEmbedding.point_count, CurveEmbedding.level_stats, CurveEmbedding.paa)
 
 
 @dataclass

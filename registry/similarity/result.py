@@ -103,7 +103,8 @@ def summarize(result: SimilarResult, objective: str | None) -> None:
             clause = f"{head} {verb}"
             peaks = [n.peak_step for n in ns if n.verdict == verdict and n.peak_step is not None]
             if verdict in ("diverged", "failed") and objective and peaks:
-                clause += f" (their {objective} peaked around step ~{_round_step(sorted(peaks)[len(peaks) // 2]):,}, median)"
+                median = _round_step(sorted(peaks)[len(peaks) // 2])
+                clause += f" (their {objective} peaked around step ~{median:,}, median)"
             parts.append(clause)
         else:
             parts.append(f"{count} {VERDICT_VERBS_ONE[verdict] if count == 1 else VERDICT_VERBS[verdict]}")

@@ -296,7 +296,8 @@ def _query_grid(q: QueryMetric, portion: Portion, total: float | None,
     if hi > last:
         # metrics logged at other cadences end a little earlier: tolerate 5% of the portion
         if hi - last > 0.05 * max(hi - lo, 1e-12) + 1e-9:
-            raise InputError(f"metric {q.name!r} only reaches step {int(last):,}; the query portion ends at {int(hi):,}")
+            raise InputError(f"metric {q.name!r} only reaches step {int(last):,}; "
+                             f"the query portion ends at {int(hi):,}")
         hi = last
     if hi <= lo:
         return np.full(F.GRID, values[-1]), 0.0

@@ -383,7 +383,8 @@ def pick_series(detail: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def compare_metrics(details: Sequence[dict[str, Any]], definitions: Mapping[str, dict[str, Any]]) -> list[MetricComparison]:
+def compare_metrics(details: Sequence[dict[str, Any]],
+                    definitions: Mapping[str, dict[str, Any]]) -> list[MetricComparison]:
     """Every canonical metric any selected run has, with semantic differences found.
 
     Semantics are compared group against group: each distinct combination (estimator,

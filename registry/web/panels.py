@@ -157,7 +157,8 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         "n_problems": found.n_problems, "n_warning": found.n_warning, "n_critical": found.n_critical,
         "n_info": found.n_info, "first_problem_step": first,
         "triage_items": [i for i in items if i["layer"] != "comparison"],
-        "baseline_items": [i for i in items if i["layer"] == "comparison"], "rollback": rollback, "joint": readings, "info": info, "baseline": baseline,
+        "baseline_items": [i for i in items if i["layer"] == "comparison"], "rollback": rollback, "joint": readings,
+        "info": info, "baseline": baseline,
         "spans": {m: [tuple(s) for s in v] for m, v in (found.summary.get("spans") or {}).items()},
         "severity_by_metric": _severity_by_metric(items),
         "api_url": url_for("api.run_diagnosis", ref=run["id"]),
@@ -356,7 +357,8 @@ def _corpus_stamp(registry: Registry) -> tuple:
 
     with registry.read() as session:
         return tuple(session.execute(select(
-            select(func.max(CurveEmbedding.id)).scalar_subquery(), select(func.count(CurveEmbedding.id)).scalar_subquery(),
+            select(func.max(CurveEmbedding.id)).scalar_subquery(),
+            select(func.count(CurveEmbedding.id)).scalar_subquery(),
             select(func.count(Run.id)).scalar_subquery(), select(func.max(Run.updated_at)).scalar_subquery())).one())
 
 

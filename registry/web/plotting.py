@@ -196,7 +196,8 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
         y -= 0.075
     for text in spec.warnings:
         # One line each: as many characters as fit the figure's width (the page shows the full text).
-        fig.text(0.012, y, "\u26a0 " + plain(text, int(spec.width * 72 / (7.5 * 0.62))), fontsize=7.5, color="white", va="top", weight="bold",
+        fig.text(0.012, y, "\u26a0 " + plain(text, int(spec.width * 72 / (7.5 * 0.62))), fontsize=7.5, color="white",
+                 va="top", weight="bold",
                  bbox={"boxstyle": "square,pad=0.25", "facecolor": WARNING_RED, "edgecolor": "none"})
         y -= 0.085
     if spec.notes:

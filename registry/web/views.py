@@ -588,7 +588,8 @@ def baseline_edit(task: str, metric: str):
     if request.method == "POST":
         form = BandEditForm()
     else:
-        form = BandEditForm(early_low=mb.early.low if mb.early else None, early_high=mb.early.high if mb.early else None,
+        form = BandEditForm(early_low=mb.early.low if mb.early else None,
+                            early_high=mb.early.high if mb.early else None,
                             mid_low=mb.mid.low if mb.mid else None, mid_high=mb.mid.high if mb.mid else None,
                             warning=mb.warning)
     error = None
