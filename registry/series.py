@@ -32,6 +32,13 @@ class SeriesData:
     def __len__(self) -> int:
         return len(self.steps)
 
+    def between(self, first: float, last: float) -> SeriesData:
+        """The points with ``first <= step <= last`` (steps are increasing)."""
+        lo = int(np.searchsorted(self.steps, first, side="left"))
+        hi = int(np.searchsorted(self.steps, last, side="right"))
+        return SeriesData(self.steps[lo:hi], self.values[lo:hi],
+                          None if self.wall_times is None else self.wall_times[lo:hi])
+
 
 @dataclass
 class _Column:

@@ -11,6 +11,7 @@ import io
 import json
 import re
 from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
 
 import numpy as np
 import pytest
@@ -346,6 +347,24 @@ def test_similar_panel_window_matched_anywhere(client, ids):
     assert data["query"]["anywhere"] is True
     rows = re.findall(r'<tr data-run="([0-9a-f]+)">', anywhere)
     assert [n["run_id"] for n in data["neighbours"]] == rows
+    # the overlay lays each neighbour's matched window over the query's window
+    assert "fraction of the matched window" in anywhere
+    img = html.unescape(re.search(r'<img class="plot overlay" src="([^"]+)"', anywhere).group(1))
+    metric = parse_qs(urlsplit(img).query)["metric"][0]
+    wins = {w.split(":")[0]: [int(b) for b in w.split(":")[1:]] for w in parse_qs(urlsplit(img).query)["win"]}
+    query_span = data["query"]["compared_steps"][metric]
+    assert wins[data["query"]["run_id"]] == query_span and 0 < query_span[0] < query_span[1]
+    shown = parse_qs(urlsplit(img).query)["run"][1:]
+    assert shown and all(wins[r] == next(n["compared_steps"][metric] for n in data["neighbours"] if n["run_id"] == r)
+                         for r in shown)
+    assert client.get(img).status_code == 200
+    points = client.get(img.replace("/plots/compare?", "/plots/compare/data.json?")).get_json()
+    for r, (lo, hi) in wins.items():
+        steps = [st for rid, st in zip(points["run_id"], points["step"]) if rid == r]
+        assert steps and lo <= min(steps) and max(steps) <= hi
+    assert all(-1e-9 <= x <= 1 + 1e-9 for x in points["x"])
+    broken = client.get(img + "&win=" + quote(f"{shown[0]}:900:100"))
+    assert broken.status_code == 400 and "win must be RUN:FIRST_STEP:LAST_STEP" in text(broken)
     bad = section(text(client.get(base.replace("20%25-60%25", "20%25-") + "&sim_anywhere=1")), "similar-panel")
     assert "must be a prefix (25%, 2000) or a window START-END" in html.unescape(bad)
     whole = section(text(client.get(f"/runs/{ids['cartpole_lr_too_high_5e-2']}?sim=1&sim_anywhere=1")),

@@ -268,7 +268,16 @@ def make_portion(prefix: Any, window: Any, align: str, status: str, first: float
 
 def _query_grid(q: QueryMetric, portion: Portion, total: float | None,
                 origin: float | None = None) -> tuple[np.ndarray, float]:
-    """The query metric's grid over the portion, and its noise level.
+    """The query metric's grid over the portion (``_query_span``), and its noise level."""
+    steps, values, lo, hi = _query_span(q, portion, total, origin)
+    if hi <= lo:
+        return np.full(F.GRID, values[-1]), 0.0
+    return F.bin_average(steps, values, lo, hi)
+
+
+def _query_span(q: QueryMetric, portion: Portion, total: float | None,
+                origin: float | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The query metric's finite steps and values, and the first and last step of the portion.
 
     Fractions are of the metric's own step span, as for stored rows. For a running run,
     ``total`` is its planned last step and ``origin`` its first step (over all metrics):
@@ -299,9 +308,7 @@ def _query_grid(q: QueryMetric, portion: Portion, total: float | None,
             raise InputError(f"metric {q.name!r} only reaches step {int(last):,}; "
                              f"the query portion ends at {int(hi):,}")
         hi = last
-    if hi <= lo:
-        return np.full(F.GRID, values[-1]), 0.0
-    return F.bin_average(steps, values, lo, hi)
+    return steps, values, lo, hi
 
 
 # --- the search ---------------------------------------------------------------------------
@@ -1000,6 +1007,8 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
                "portion_label": f"{portion.label}, anywhere in each run" if anywhere else portion.label,
                "align": portion.kind, "start": portion.start, "end": portion.end,
                "normalize": normalize, "first_step": int(first), "last_step": int(last),
+               "compared_steps": {qm.name: [int(round(b)) for b in _query_span(qm, portion, qtotal, first)[2:]]
+                                  for qm in qms},
                "planned_total_steps": total, "params": qparams},
         metrics=names, weights={qm.name: qm.weight for qm in qms}, k=k, engine=engine,
         embedding_version=F.EMBEDDING_VERSION, neighbours=neighbours, excluded=excluded, excluded_counts=counts,

@@ -112,7 +112,7 @@ class Prepared:
 
 
 def prepare(data: SeriesData, sign: float, method: str, window: int, *, x_scale: float | None = None,
-            normalize: str | None = None) -> Prepared:
+            normalize: str | None = None, x_offset: float = 0.0) -> Prepared:
     steps = np.asarray(data.steps)
     values = np.asarray(data.values, dtype=np.float64)
     if sign != 1.0:
@@ -127,8 +127,8 @@ def prepare(data: SeriesData, sign: float, method: str, window: int, *, x_scale:
     x = steps if all_finite else steps[finite]
     nonfinite = steps[~finite] if not all_finite else steps[:0]
     if x_scale:
-        x = x / x_scale
-        nonfinite = nonfinite / x_scale
+        x = (x - x_offset) / x_scale
+        nonfinite = (nonfinite - x_offset) / x_scale
     smooth = smoothing.smooth(y, method, window) if y.size else None
     return Prepared(x=x, y=y, smooth=smooth, nonfinite_x=nonfinite, total=len(steps), window=window,
                     steps=steps, values=values)
@@ -424,6 +424,19 @@ def _names(members: Sequence[Member], limit: int = 3) -> str:
     return text + (f" +{len(names) - limit}" if len(names) > limit else "")
 
 
+def _window(text: str) -> tuple[str, int, int]:
+    """``RUN:FIRST:LAST`` (steps) -> (run, first, last)."""
+    run, _, rest = text.rpartition(":")
+    run, _, first = run.rpartition(":")
+    try:
+        lo, hi = int(first), int(rest)
+    except ValueError:
+        lo = hi = -1
+    if not run or lo < 0 or hi <= lo:
+        raise InputError(f"win must be RUN:FIRST_STEP:LAST_STEP with 0 <= FIRST_STEP < LAST_STEP; got {text!r}")
+    return run, lo, hi
+
+
 def run_length(detail: Mapping[str, Any]) -> float:
     """The last step the run reached over all its series (for fraction-of-training alignment)."""
     steps = [s.get("last_step") for s in detail.get("series") or [] if s.get("last_step") is not None]
@@ -436,19 +449,24 @@ class CompareOptions:
     group: bool = True
     band: str = "minmax"
     norm: str = "zscore"
+    #: (run id, first step, last step): draw only that part of the run, on the fraction of it
+    #: (the windows where an anywhere search matched, laid over the query's)
+    windows: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> CompareOptions:
         group_raw = (args.get("group") or "1").strip().lower()
+        raw_windows = args.getlist("win") if hasattr(args, "getlist") else [w for w in [args.get("win")] if w]
         return cls(
             align=_choice(args, "align", ALIGNMENTS, "step"),
             group=group_raw not in ("0", "off", "false", "no"),
             band=_choice(args, "band", BANDS, "minmax"),
             norm=_choice(args, "norm", NORMALIZATIONS, "zscore"),
+            windows=tuple(_window(w) for w in raw_windows),
         )
 
     def key(self) -> tuple:
-        return (self.align, self.group, self.band, self.norm)
+        return (self.align, self.group, self.band, self.norm, self.windows)
 
     def query(self) -> dict[str, str]:
         out = {}
@@ -502,6 +520,7 @@ def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: 
     norm = opts.norm if normalized else None
     sem_index = {id(m): gi for gi, (_, ms) in enumerate(comp.semantic_groups) for m in ms}
     member_by_run = {m.run["id"]: m for m in comp.members}
+    windows = {run: (lo, hi) for run, lo, hi in opts.windows}
     n_traces = sum(1 for u in units for r in u.runs if r["id"] in member_by_run) or 1
     per_trace = max(300, smooth.points // n_traces)
     traces: list[Trace] = []
@@ -515,11 +534,17 @@ def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: 
             m = member_by_run.get(r["id"])
             if m is None or r["id"] not in data:
                 continue
-            scale = run_length(r) if opts.align == "fraction" else None
-            p = prepare(data[r["id"]], m.series.get("sign") or 1.0, smooth.method, window, x_scale=scale,
-                        normalize=norm)
+            series, offset = data[r["id"]], 0.0
+            if r["id"] in windows:
+                offset, last = windows[r["id"]]
+                scale = float(last - offset)
+                series = series.between(offset, last)
+            else:
+                scale = run_length(r) if opts.align == "fraction" or windows else None
+            p = prepare(series, m.series.get("sign") or 1.0, smooth.method, window, x_scale=scale,
+                        normalize=norm, x_offset=offset)
             by_sem.setdefault(sem_index.get(id(m), 0), []).append((m, p))
-            _extend_export(export, r, p, scale)
+            _extend_export(export, r, p, scale, offset)
         for gi, items in sorted(by_sem.items()):
             style = LINESTYLES[gi % len(LINESTYLES)]
             suffix = _semantic_suffix(comp, gi)
@@ -555,8 +580,9 @@ def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: 
     spec = PlotSpec(
         traces=traces, healthy=healthy, ylim=y_limits(ys, smooth.ignore_outliers), notes=notes,
         warnings=[f"not comparable: {w}" for w in comp.warnings], legend=True, width=6.4, height=3.1,
-        xlabel="fraction of training" if opts.align == "fraction" else "step",
-        fraction_axis=opts.align == "fraction",
+        xlabel="fraction of the matched window" if windows else
+        "fraction of training" if opts.align == "fraction" else "step",
+        fraction_axis=opts.align == "fraction" or bool(windows),
     )
     return spec, export
 
@@ -570,13 +596,14 @@ def _semantic_suffix(comp: MetricComparison, gi: int) -> str:
     return " [" + ", ".join(str(keys[gi][i] or "unspecified") for i in varying) + "]"
 
 
-def _extend_export(export: dict[str, list], run: Mapping[str, Any], p: Prepared, scale: float | None) -> None:
+def _extend_export(export: dict[str, list], run: Mapping[str, Any], p: Prepared, scale: float | None,
+                   offset: float = 0.0) -> None:
     rows = export_rows(p)
     n = len(rows["step"])
     export["run_id"] += [run["id"]] * n
     export["run"] += [run["name"]] * n
     export["step"] += rows["step"]
-    export["x"] += (p.steps / scale).tolist() if scale else rows["step"]
+    export["x"] += ((p.steps - offset) / scale).tolist() if scale else rows["step"]
     export["value"] += rows["value"]
     export["smoothed"] += rows["smoothed"]
 

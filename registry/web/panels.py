@@ -393,8 +393,20 @@ def _overlay(run: Mapping[str, Any], result: Any, metrics: Sequence[str]) -> dic
     # Runs of several tasks live on different scales: overlay their shapes, as the search compared them.
     tasks = {run.get("task")} | {n.task for n in result.neighbours[:OVERLAY_NEIGHBOURS]}
     normalized = len(tasks) > 1 and result.query.get("normalize", "z") == "z"
+    # anywhere: each run's matched window laid over the query's, on the fraction of the window
+    windows = _matched_windows(run["id"], result, metric) if result.query.get("anywhere") else []
+    if windows:
+        align = "window"
     img = url_for("plots.compare_plot") + "?" + urlencode(
-        [("run", r) for r in shown] + [("metric", metric)] + common + ([("normalized", "1")] if normalized else []))
+        [("run", r) for r in shown] + [("metric", metric)] + common + ([("normalized", "1")] if normalized else [])
+        + [("win", f"{r}:{lo}:{hi}") for r, lo, hi in windows if r in shown])
     compare = url_for("ui.compare") + "?" + urlencode([("run", r) for r in everyone] + common)
     return {"img": img, "metric": metric, "compare_url": compare, "shown": len(shown) - 1, "all": len(everyone) - 1,
             "align": align, "normalized": normalized}
+
+
+def _matched_windows(query_id: str, result: Any, metric: str) -> list[tuple[str, int, int]]:
+    """(run, first step, last step) of the query's portion and of each neighbour's match in ``metric``."""
+    spans = [(query_id, (result.query.get("compared_steps") or {}).get(metric))]
+    spans += [(n.run_id, n.compared_steps.get(metric)) for n in result.neighbours]
+    return [(r, int(s[0]), int(s[1])) for r, s in spans if s and s[1] > s[0]]
