@@ -12,7 +12,8 @@ series and all. For each query it runs ``find_similar`` (k=10) and ``brute_force
 (banded DTW_D against every run, dtaidistance C, grids in memory) and prints recall@10
 of the engine against brute force, the engine's end-to-end latency p50/p95 (the wall time
 of the ``find_similar`` call), the speedup of the search itself (candidate stages + exact
-rerank, ``timings.search_ms``) over the brute-force search (one batched C DTW call over
+rerank, ``timings.search_ms``; on pgvector that includes the index searches and the pool's
+scoring inside the database) over the brute-force search (one batched C DTW call over
 every eligible run, from the same cached arrays), and the end-to-end wall-time ratio.
 The speedup target applies to the search speedup; both are printed. Then the latency of
 anywhere searches (the first 10 queries' 30-50% window matched wherever it lies in each run)

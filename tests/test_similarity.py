@@ -404,7 +404,11 @@ def test_pgvector_candidate_stage_in_the_database(pgvector_registry: Registry):
     q = list(kinds)[3]
     res = find_similar(reg, q, k=5)
     assert res.engine.startswith("pgvector hnsw (v100")
+    # the index search in the database is the candidate stage's first step: timed as search
+    t = res.timings
+    assert 0 < t["index_ms"] <= t["candidates_ms"] <= t["search_ms"]
     truth = brute_force(reg, q, k=5)
+    assert truth.timings["index_ms"] == 0
     assert [n.run_id for n in res] == [n.run_id for n in truth]
     pre = find_similar(reg, q, k=5, prefix=0.25)
     assert "(v025" in pre.engine
