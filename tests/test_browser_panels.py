@@ -90,6 +90,11 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     cells = browser.find_elements(By.CSS_SELECTOR, "#neighbours td.matched")
     assert len(cells) == 3 and all(c.text.startswith("steps ") for c in cells)
     assert browser.find_element(By.NAME, "sim_anywhere").is_selected()
+    # the overlay draws each run over its matched window
+    wait(browser).until(lambda d: images_loaded(d, "#similar-overlay img.overlay"))
+    overlay = browser.find_element(By.CSS_SELECTOR, "#similar-overlay img.overlay")
+    assert overlay.get_attribute("src").count("win=") == 4 and overlay.get_property("naturalWidth") > 0
+    assert "fraction of the matched window" in browser.find_element(By.ID, "similar-overlay").text
     no_console_errors(browser)
 
 
