@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .errors import AlreadyRegisteredError, InputError, RegistryError
 from .jsonsafe import json_safe
+from .series import DEFAULT_ORDER_POLICY, ORDER_POLICIES
 
 # Piped output (files, grep, tests) gets wide tables instead of 80-column folding.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -103,8 +104,9 @@ def _parse_semantics(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--tag", "tags", multiple=True, help="Tag (repeatable).")
 @click.option("--code-version", help="Git commit or other code version.")
 @click.option("--status", type=click.Choice(["finished", "running", "crashed"]), default="finished", show_default=True)
-@click.option("--on-disorder", type=click.Choice(["error", "keep-last"]), default="error", show_default=True,
-              help="What to do with a duplicate or decreasing step.")
+@click.option("--on-disorder", type=click.Choice(ORDER_POLICIES), default=DEFAULT_ORDER_POLICY, show_default=True,
+              help="Several points at one step: keep-all keeps them; a step that goes back (a restart): "
+                   "keep-last drops what the restarted run logged again; error refuses both.")
 @click.option("--semantics", "semantic_overrides", multiple=True,
               help="Override a series' semantics for this run: KEY:FIELD=VALUE, e.g. kl:kl_estimator=k1.")
 @click.option("--replace", is_flag=True, help="Register again a source that was registered before.")
@@ -181,6 +183,9 @@ def _print_registration(result) -> None:  # result: RegistrationResult
     for key, suggestions in sorted(result.unmapped.items()):
         hint = f" (did you mean {', '.join(suggestions)}?)" if suggestions else ""
         console.print(f"  unmapped: {key}{hint}", highlight=False, markup=False)
+    if result.summary:
+        console.print("  end-of-training summary, stored as scores: "
+                      + ", ".join(f"{k}={v:g}" for k, v in result.summary.items()), highlight=False, markup=False)
     for warning in result.warnings:
         console.print(f"  warning: {warning}", highlight=False, markup=False, style="yellow")
 

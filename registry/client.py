@@ -235,7 +235,8 @@ class RemoteRun:
         return f"/api/runs/{self.id}"
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float | None = None) -> None:
-        """Buffer one step's metrics; a step not after a metric's last step is refused here, at once."""
+        """Buffer one step's metrics; a step before a metric's last step is refused here, at once
+        (several points at one step are kept, e.g. one per finished episode)."""
         step = int(step)
         now = time.time() if wall_time is None else float(wall_time)
         checked = []
@@ -243,8 +244,8 @@ class RemoteRun:
             if not isinstance(key, str) or not key:
                 raise ValueError(f"metric keys must be non-empty strings, got {key!r}")
             last = self._last_step.get(key)
-            if last is not None and step <= last:
-                raise ValueError(f"metric {key!r}: step {step} is not after step {last}; series are append-only")
+            if last is not None and step < last:
+                raise ValueError(f"metric {key!r}: step {step} is before step {last}; series are append-only")
             try:
                 checked.append((key, float(value)))
             except (TypeError, ValueError):

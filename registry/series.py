@@ -1,8 +1,18 @@
 """Accumulating points into per-key arrays, enforcing the step-order policy, and summarising.
 
+A series' steps never decrease, but a step may hold several points: trainers log once per
+finished episode at the global step (CleanRL, with vectorised environments), or log an
+evaluation round and a training entry at the same step. Every point is kept, in logging order;
+readers that need one value per step (curves, smoothing, similarity, diagnosis) take
+``SeriesData.per_step()``, the mean of the step's finite points with their count.
+
 Step-order policy (one per registration):
-- ``error`` (default): a duplicate or decreasing step in a series stops the registration
-  with the file and position of the offending point; nothing is written.
+- ``keep-all`` (default): several points at one step are all kept. A step that goes back
+  (a restart from a checkpoint) stops the registration with the file and position, naming
+  ``keep-last``. The one repeat that is not data is a schedule logging its unchanged value
+  again at the same step (the Trainer repeats ``epoch`` with its evaluation and end-of-training
+  entries): that is kept as one point, silently.
+- ``error``: any repeated or decreasing step stops the registration; nothing is written.
 - ``keep-last``: a repeated step replaces the earlier value (a resumed run that re-logged
   a few steps); a decreasing step drops every stored point at or after that step, as
   TensorBoard does after a restart from a checkpoint. Each such event is reported as a warning.
@@ -19,7 +29,16 @@ import numpy as np
 from .errors import InputError, StepOrderError
 from .importers.base import Point
 
-ORDER_POLICIES = ("error", "keep-last")
+ORDER_POLICIES = ("keep-all", "keep-last", "error")
+DEFAULT_ORDER_POLICY = "keep-all"
+# Logged values that are a schedule's position rather than a measurement: the same value
+# logged again at the same step is one point, not two.
+SCHEDULE_NAMES = frozenset({"epoch", "learning_rate", "lr", "global_step", "step"})
+
+
+def is_schedule_key(key: str) -> bool:
+    """Whether ``key`` (``epoch``, ``train/epoch``, ``train/learning_rate``, ...) names a schedule."""
+    return key.rsplit("/", 1)[-1] in SCHEDULE_NAMES
 MAX_KEY_LENGTH = 300
 
 
@@ -28,10 +47,41 @@ class SeriesData:
     steps: np.ndarray
     values: np.ndarray
     wall_times: np.ndarray | None = None
+    # Points logged at each step, when several steps hold more than one (see ``per_step``).
+    counts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.steps)
 
+    @property
+    def has_repeats(self) -> bool:
+        """Whether some step holds more than one point."""
+        steps = self.steps
+        return len(steps) > 1 and bool((steps[1:] == steps[:-1]).any())
+
+    def per_step(self) -> SeriesData:
+        """One point per step: the mean of the step's finite values (NaN where it has none),
+        the step's last wall time, and ``counts`` of the points logged at each step.
+
+        The series itself when no step repeats (no copy), so readers call it unconditionally.
+        """
+        if not self.has_repeats:
+            return self
+        steps = np.asarray(self.steps)
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        counts = np.diff(np.r_[starts, len(steps)])
+        values = np.asarray(self.values, dtype=np.float64)
+        finite = np.isfinite(values)
+        sums = np.add.reduceat(np.where(finite, values, 0.0), starts)
+        n_finite = np.add.reduceat(finite.astype(np.int64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(n_finite > 0, sums / np.maximum(n_finite, 1), np.nan)
+        # A step whose points are all non-finite keeps its first non-finite value (Inf stays Inf).
+        all_bad = n_finite == 0
+        if all_bad.any():
+            means[all_bad] = values[starts[all_bad]]
+        walls = None if self.wall_times is None else np.asarray(self.wall_times)[starts + counts - 1]
+        return SeriesData(steps[starts], means, walls, counts)
     def between(self, first: float, last: float) -> SeriesData:
         """The points with ``first <= step <= last`` (steps are increasing)."""
         lo = int(np.searchsorted(self.steps, first, side="left"))
@@ -48,6 +98,10 @@ class _Column:
     has_wall: bool = False
 
 
+def _same_value(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 def _check_key(key: str, source: str, position: str) -> None:
     if not key or not key.strip():
         raise InputError("empty metric key", source, position)
@@ -60,7 +114,7 @@ def _check_key(key: str, source: str, position: str) -> None:
 class SeriesBuilder:
     """Collects points in arrival order; each point is held once, in compact arrays."""
 
-    def __init__(self, source: str, policy: str = "error"):
+    def __init__(self, source: str, policy: str = DEFAULT_ORDER_POLICY):
         if policy not in ORDER_POLICIES:
             raise ValueError(f"step-order policy must be one of {ORDER_POLICIES}")
         self.source = source
@@ -75,15 +129,20 @@ class SeriesBuilder:
             _check_key(key, self.source, position)
             col = self._columns[key] = _Column()
         if col.steps and step <= col.steps[-1]:
-            if self.policy == "error":
-                what = "duplicate" if step == col.steps[-1] else "decreasing"
-                raise StepOrderError(
-                    f"{what} step {step} for metric {key!r} (previous step {col.steps[-1]}); "
-                    "pass --on-disorder keep-last to keep the last value logged for a step",
-                    self.source,
-                    position,
-                )
-            self._rewind(key, col, step, position)
+            last = col.steps[-1]
+            if step == last and is_schedule_key(key) and _same_value(value, col.values[-1]):
+                return
+            if self.policy == "keep-all" and step == last:
+                pass
+            elif self.policy == "keep-last":
+                self._rewind(key, col, step, position)
+            else:
+                what = "duplicate" if step == last else "decreasing"
+                hint = ("pass --on-disorder keep-last to drop the points the restarted run logged again, "
+                        "as TensorBoard does" if step < last else
+                        "pass --on-disorder keep-all to keep every point logged at a step")
+                raise StepOrderError(f"{what} step {step} for metric {key!r} (previous step {last}); {hint}",
+                                     self.source, position)
         col.steps.append(step)
         col.values.append(value)
         if wall is not None:
@@ -157,22 +216,23 @@ def summarize(steps: np.ndarray, values: np.ndarray) -> Summary:
 
 
 def check_batch(key: str, steps: np.ndarray, values: np.ndarray, after_step: int | None, source: str) -> None:
-    """Validate a batch appended through the API: equal lengths, strictly increasing steps."""
+    """Validate a batch appended through the API: equal lengths, steps that never decrease
+    (several points at one step are kept, as from a file)."""
     if steps.shape != values.shape or steps.ndim != 1:
         raise InputError(f"metric {key!r}: steps and values must be 1-D arrays of equal length", source)
     if len(steps) == 0:
         return
-    bad = np.flatnonzero(np.diff(steps) <= 0)
+    bad = np.flatnonzero(np.diff(steps) < 0)
     if bad.size:
         i = int(bad[0]) + 1
         raise StepOrderError(
-            f"metric {key!r}: step {int(steps[i])} does not increase (previous {int(steps[i - 1])})",
+            f"metric {key!r}: step {int(steps[i])} goes back (previous {int(steps[i - 1])})",
             source,
             f"point {i}",
         )
-    if after_step is not None and steps[0] <= after_step:
+    if after_step is not None and steps[0] < after_step:
         raise StepOrderError(
-            f"metric {key!r}: step {int(steps[0])} is not after the last stored step {after_step}; "
+            f"metric {key!r}: step {int(steps[0])} is before the last stored step {after_step}; "
             "series are append-only",
             source,
         )

@@ -37,8 +37,9 @@ from .models import (
     SeriesChunk,
     utcnow,
 )
+from .run_summary import split_run_summary
 from .semantics import SEMANTIC_FIELDS, check_enum
-from .series import SeriesBuilder, SeriesData, check_batch, summarize
+from .series import DEFAULT_ORDER_POLICY, SeriesBuilder, SeriesData, check_batch, summarize
 
 # Points per stored chunk: a 100k-point curve is two rows; streamed appends are compacted
 # back into chunks of this size once a series has collected many small ones.
@@ -59,6 +60,7 @@ class RegistrationResult:
     unmapped: dict[str, list[str]] = field(default_factory=dict)         # raw key -> suggestions
     warnings: list[str] = field(default_factory=list)
     replaced: str | None = None
+    summary: dict[str, float] = field(default_factory=dict)  # end-of-training summary, stored as scores
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -357,7 +359,7 @@ class Registry:
         tags: Sequence[str] | None = None,
         code_version: str | None = None,
         status: str = "finished",
-        on_disorder: str = "error",
+        on_disorder: str = DEFAULT_ORDER_POLICY,
         replace: bool = False,
         semantics: Mapping[str, Mapping[str, Any]] | None = None,
         progress: Callable[[int], None] | None = None,
@@ -376,7 +378,7 @@ class Registry:
             builder.add(point)
             if progress is not None and i % 10000 == 0:
                 progress(10000)
-        data = builder.build()
+        data, summary = split_run_summary(builder.build())
         if not data:
             raise InputError("no metric points found", str(path))
         from .importers.params import merge_params
@@ -412,9 +414,11 @@ class Registry:
                 run.finished_at = utcnow()
             session.flush()
             bindings = self._write_series(session, run, index, data, semantics)
+            if summary:
+                self._apply_outcome(session, run, scores=summary)
             result = RegistrationResult(
                 run_id=run.id, name=run.name, framework=fw, source_format=source.format,
-                series_count=len(data), point_count=builder.point_count,
+                series_count=len(data), point_count=builder.point_count - len(summary), summary=summary,
                 mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
                 warnings=warnings, replaced=replaced,
@@ -542,7 +546,8 @@ class Registry:
         return series
 
     def canonical_curves(self, run_ref: str) -> dict[str, SeriesData]:
-        """Every mapped series of a run under its canonical name, in canonical sign.
+        """Every mapped series of a run under its canonical name, in canonical sign, one point per
+        step (the mean where a step holds several: ``SeriesData.per_step``).
 
         When two raw keys bind to the same definition (rare: a run logging both verl's
         ``actor/kl_loss`` and a custom ``kl``), the one with more points wins.
@@ -557,8 +562,8 @@ class Registry:
             for series, name in rows:
                 if name in out:
                     continue
-                data = read_series_chunks(session, series.id)
-                out[name] = (SeriesData(data.steps, data.values * series.sign, data.wall_times)
+                data = read_series_chunks(session, series.id).per_step()
+                out[name] = (SeriesData(data.steps, data.values * series.sign, data.wall_times, data.counts)
                              if series.sign != 1.0 else data)
             return out
 
@@ -742,8 +747,8 @@ class RunHandle:
         now = time.time()
         for key, value in metrics.items():
             last = self._last_step.get(key)
-            if last is not None and step <= last:
-                raise InputError(f"metric {key!r}: step {step} is not after step {last}; series are append-only")
+            if last is not None and step < last:
+                raise InputError(f"metric {key!r}: step {step} is before step {last}; series are append-only")
             try:
                 value = float(value)
             except (TypeError, ValueError):

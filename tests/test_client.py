@@ -218,11 +218,11 @@ def test_create_run_is_idempotent_and_errors_are_not_retried(server):
         "batch_id": "b-1", "points": {"loss": {"steps": [5], "values": [1.0]}}})
     with pytest.raises(RemoteError, match="append-only") as bad:
         client.request("POST", f"/api/runs/{run_id}/metrics", json_body={
-            "batch_id": "b-2", "points": {"loss": {"steps": [5], "values": [2.0]}}})
+            "batch_id": "b-2", "points": {"loss": {"steps": [4], "values": [2.0]}}})
     assert bad.value.status == 400
     with pytest.raises(ValueError, match="append-only"):
         run = client.resume_run(run_id)
-        run.log(5, {"loss": 3.0})  # checked in the client, before anything is sent
+        run.log(4, {"loss": 3.0})  # checked in the client, before anything is sent
 
 
 def test_retry_budget_is_bounded_and_queued_batches_survive_it(server):

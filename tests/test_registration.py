@@ -60,13 +60,24 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_decreasing_step_is_rejected_with_file_and_line(registry: Registry, tmp_path: Path):
-    csv = _write(tmp_path / "run.csv", "step,loss\n1,0.5\n2,0.4\n2,0.3\n")
-    with pytest.raises(StepOrderError, match=r"run.csv, line 4: duplicate step 2 for metric 'loss'"):
+    csv = _write(tmp_path / "run.csv", "step,loss\n1,0.5\n2,0.4\n3,0.35\n2,0.3\n")
+    with pytest.raises(StepOrderError, match=r"run.csv, line 5: decreasing step 2 for metric 'loss'.*keep-last"):
         registry.register(csv)
     assert registry.list_runs()[1] == 0
     result = registry.register(csv, on_disorder="keep-last")
     assert registry.read_series(result.run_id, "loss").values.tolist() == [0.5, 0.3]
     assert any("step 2" in w for w in result.warnings)
+
+
+def test_repeated_steps_are_kept_by_default_and_refused_when_strict(registry: Registry, tmp_path: Path):
+    csv = _write(tmp_path / "run.csv", "step,loss\n1,0.5\n2,0.4\n2,0.3\n3,0.2\n")
+    with pytest.raises(StepOrderError, match=r"run.csv, line 4: duplicate step 2 for metric 'loss'.*keep-all"):
+        registry.register(csv, on_disorder="error")
+    assert registry.list_runs()[1] == 0
+    result = registry.register(csv)
+    assert result.point_count == 4 and not result.warnings
+    stored = registry.read_series(result.run_id, "loss")
+    assert stored.steps.tolist() == [1, 2, 2, 3] and stored.values.tolist() == [0.5, 0.4, 0.3, 0.2]
 
 
 def test_text_in_numeric_column_names_line_and_column(registry: Registry, tmp_path: Path):

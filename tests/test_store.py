@@ -81,16 +81,18 @@ def test_append_only_and_idempotent_batches(registry: Registry):
     run = registry.create_run("streamer")
     run.log(1, {"loss": 1.0})
     run.log(2, {"loss": 0.9})
-    with pytest.raises(InputError, match="not after step 2"):
-        run.log(2, {"loss": 0.8})
+    run.log(2, {"loss": 0.8})  # a second point at one step (another episode ending there) is data
+    with pytest.raises(InputError, match="before step 2"):
+        run.log(1, {"loss": 0.8})
     run.flush()
     batch = {"loss": SeriesData(np.array([3, 4]), np.array([0.7, 0.6]))}
     assert registry.append(run.id, batch, batch_id="b-1") is True
     assert registry.append(run.id, batch, batch_id="b-1") is False  # a retry after a timeout
     with pytest.raises(StepOrderError, match="append-only"):
-        registry.append(run.id, {"loss": SeriesData(np.array([4]), np.array([0.5]))})
+        registry.append(run.id, {"loss": SeriesData(np.array([3]), np.array([0.5]))})
+    registry.append(run.id, {"loss": SeriesData(np.array([4]), np.array([0.5]))})
     run.finish()
-    assert registry.read_series(run.id, "loss").steps.tolist() == [1, 2, 3, 4]
+    assert registry.read_series(run.id, "loss").steps.tolist() == [1, 2, 2, 3, 4, 4]
 
 
 def test_many_small_appends_are_compacted_and_read_in_order(registry: Registry):

@@ -114,10 +114,12 @@ def test_every_supported_format(env, tmp_path):
 
 def test_bad_content_is_400_naming_the_file_and_position_and_leaves_nothing(env):
     post, reg, uploads, _, _ = env
-    bad = post(b"step,loss\n1,0.5\n2,0.4\n2,0.3\n", "my run.csv", status=400)
-    assert bad["error"].startswith("my run.csv, line 4: duplicate step 2")
-    kept = post(b"step,loss\n1,0.5\n2,0.4\n2,0.3\n", "my run.csv", on_disorder="keep-last")
-    assert kept["point_count"] == 2 and kept["warnings"]
+    bad = post(b"step,loss\n1,0.5\n2,0.4\n1,0.3\n", "my run.csv", status=400)
+    assert bad["error"].startswith("my run.csv, line 4: decreasing step 1")
+    strict = post(b"step,loss\n1,0.5\n2,0.4\n2,0.3\n", "strict.csv", status=400, on_disorder="error")
+    assert strict["error"].startswith("strict.csv, line 4: duplicate step 2")
+    kept = post(b"step,loss\n1,0.5\n2,0.4\n1,0.3\n", "my run.csv", on_disorder="keep-last")
+    assert kept["point_count"] == 1 and kept["warnings"]
     unknown = post(b"hello, this is not a training log\n", "notes.txt", status=400)
     assert unknown["error"].startswith("notes.txt: cannot tell what kind of file this is")
     assert "empty" in post(b"", "empty.csv", status=400)["error"]

@@ -212,7 +212,7 @@ def refresh_embeddings(session: Session, run_id: str, *, force: bool = False) ->
                 continue
         if old is not None:
             stale.append(old.id)
-        data = read_series_chunks(session, s.id)
+        data = read_series_chunks(session, s.id).per_step()  # shapes compare one value per step
         steps, values = data.steps, data.values
         feats = F.compute_features(steps, values * s.sign if s.sign != 1.0 else values)
         if feats is None:

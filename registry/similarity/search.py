@@ -898,7 +898,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         qms = []
         for name in names:
             a = available[name]
-            data = read_series_chunks(session, a["series_id"])
+            data = read_series_chunks(session, a["series_id"]).per_step()
             steps, values = data.steps, data.values
             qms.append(QueryMetric(name, float(w.get(name, 1.0)), X.semantics_key(a["semantics"]), a["semantics"],
                                    steps, values * a["sign"] if a["sign"] != 1.0 else values))

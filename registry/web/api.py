@@ -60,13 +60,18 @@ def series(ref: str) -> Response:
     key = request.args.get("key")
     if not key:
         raise InputError("query parameter 'key' is required")
-    canonical = (request.args.get("canonical") or "").lower() in ("1", "true", "yes")
+    canonical = _bool_arg("canonical")
+    per_step = _bool_arg("per_step")
     points = _int_arg("points", 0, 0, MAX_POINTS)
     if points and points < 10:
         raise InputError("points must be at least 10 (or 0 for every point)")
     reg = get_registry()
     sref = queries.series_ref(reg, ref, key)
     data = reg.read_series(sref.run_id, sref.key)
+    repeated = data.has_repeats
+    if per_step:
+        data = data.per_step()
+    counts = data.counts
     steps = np.asarray(data.steps)
     values = np.asarray(data.values, dtype=np.float64)
     if canonical and sref.sign != 1.0:
@@ -79,6 +84,7 @@ def series(ref: str) -> Response:
         idx = downsample_indices(fs, fv, points)
         if idx is not None:
             steps, values, downsampled = fs[idx], fv[idx], True
+            counts = None if counts is None else counts[finite][idx]
     value_list = values.tolist()
     if not np.isfinite(values).all():
         value_list = [v if math.isfinite(v) else None for v in value_list]
@@ -87,8 +93,10 @@ def series(ref: str) -> Response:
         "definition": sref.definition_name,
         "canonical": canonical, "sign": sref.sign, "semantics": clean(sref.semantics),
         "count": sref.count, "nonfinite": nonfinite, "returned": len(value_list), "downsampled": downsampled,
-        "steps": steps.tolist(), "values": value_list,
+        "repeated_steps": repeated, "steps": steps.tolist(), "values": value_list,
+        **({"counts": counts.tolist()} if per_step and counts is not None else {}),
     })
+
 
 
 @bp.get("/definitions")

@@ -99,16 +99,38 @@ class SmoothOptions:
 
 @dataclass
 class Prepared:
-    """One series ready to plot: finite points, smoothed values, and where NaN/Inf were."""
+    """One series ready to plot: finite points, smoothed values, and where NaN/Inf were.
+
+    ``x``/``y`` hold every finite point (the raw scatter); the smoothed line runs over one point
+    per step (``smooth_x``: the mean of a step's finite points where a step holds several, as
+    CleanRL's per-episode returns do), so repeats at a step never bend the line.
+    """
 
     x: np.ndarray                # finite points' x (steps, or fraction of training)
     y: np.ndarray                # finite canonical values
-    smooth: np.ndarray | None    # smoothed y (same length), computed on the full series
+    smooth: np.ndarray | None    # smoothed per-step values, computed on the full series
     nonfinite_x: np.ndarray
     total: int                   # points stored, finite or not
     window: int
     steps: np.ndarray            # every stored step (exports)
     values: np.ndarray           # every stored value, canonical sign (exports)
+    smooth_x: np.ndarray | None = None  # x of ``smooth`` when some step holds several points
+    step_y: np.ndarray | None = None    # per-step mean of ``y`` when some step holds several points
+
+    @property
+    def repeats(self) -> bool:
+        """Whether some step holds several points."""
+        return self.smooth_x is not None
+
+    @property
+    def line_x(self) -> np.ndarray:
+        """The x of the smoothed line (one per step)."""
+        return self.x if self.smooth_x is None else self.smooth_x
+
+    @property
+    def line_y(self) -> np.ndarray:
+        """The curve the smoothed line follows: one value per step, before smoothing."""
+        return self.y if self.step_y is None else self.step_y
 
 
 def prepare(data: SeriesData, sign: float, method: str, window: int, *, x_scale: float | None = None,
@@ -126,12 +148,17 @@ def prepare(data: SeriesData, sign: float, method: str, window: int, *, x_scale:
         values[finite] = y
     x = steps if all_finite else steps[finite]
     nonfinite = steps[~finite] if not all_finite else steps[:0]
+    per_step = SeriesData(x, y).per_step()
+    repeats = per_step.counts is not None
+    line_x, line_y = per_step.steps, per_step.values
     if x_scale:
         x = (x - x_offset) / x_scale
         nonfinite = (nonfinite - x_offset) / x_scale
-    smooth = smoothing.smooth(y, method, window) if y.size else None
+        line_x = (line_x - x_offset) / x_scale if repeats else x
+    smooth = smoothing.smooth(line_y, method, window) if line_y.size else None
     return Prepared(x=x, y=y, smooth=smooth, nonfinite_x=nonfinite, total=len(steps), window=window,
-                    steps=steps, values=values)
+                    steps=steps, values=values, smooth_x=line_x if repeats else None,
+                    step_y=line_y if repeats else None)
 
 
 def normalize_values(y: np.ndarray, how: str) -> np.ndarray:
@@ -150,10 +177,13 @@ def reduce_for_display(p: Prepared, n_out: int) -> tuple[np.ndarray, np.ndarray,
     """Raw and smoothed points reduced to ``n_out`` each (MinMaxLTTB keeps spikes)."""
     idx = downsample_indices(p.x, p.y, n_out)
     raw_x, raw_y = (p.x, p.y) if idx is None else (p.x[idx], p.y[idx])
-    if p.smooth is None:
+    # Without smoothing, a series with several points per step still gets its per-step mean line.
+    line_y = p.smooth if p.smooth is not None else p.step_y
+    if line_y is None:
         return raw_x, raw_y, None, None
-    sidx = downsample_indices(p.x, p.smooth, n_out)
-    sx, sy = (p.x, p.smooth) if sidx is None else (p.x[sidx], p.smooth[sidx])
+    line_x = p.line_x
+    sidx = downsample_indices(line_x, line_y, n_out)
+    sx, sy = (line_x, line_y) if sidx is None else (line_x[sidx], line_y[sidx])
     return raw_x, raw_y, sx, sy
 
 
@@ -214,9 +244,11 @@ def run_plot_spec(data: SeriesData, *, sign: float, definition: Mapping[str, Any
         notes.append(f"{fmt_count(len(p.nonfinite_x))} NaN/Inf (red ticks)")
     if p.total == 0:
         notes.append("no points")
+    if p.repeats:
+        notes.append(f"{fmt_count(len(p.x))} points at {fmt_count(len(p.line_x))} steps; line: mean per step")
     healthy = healthy_range_for(definition, task) if definition else None
     trace = Trace(label=None, color=SINGLE_SMOOTH, raw_color=SINGLE_RAW, raw_x=raw_x, raw_y=raw_y,
-                  smooth_x=sx, smooth_y=sy, nonfinite_x=thin_nonfinite(p.nonfinite_x))
+                  smooth_x=sx, smooth_y=sy, nonfinite_x=thin_nonfinite(p.nonfinite_x), raw_markers=p.repeats)
     spec = PlotSpec(traces=[trace], title=title, healthy=healthy,
                     ylim=y_limits([p.y, p.smooth], opts.ignore_outliers), notes=notes)
     return spec, p
@@ -226,7 +258,10 @@ def export_rows(p: Prepared) -> dict[str, list]:
     """Full-resolution columns for CSV/JSON download: step, value, smoothed (None where not finite)."""
     smoothed = np.full(len(p.values), np.nan)
     if p.smooth is not None:
-        smoothed[np.isfinite(p.values)] = p.smooth
+        # Each point gets its step's smoothed value (a step holding several points shares one).
+        finite_steps = p.steps[np.isfinite(p.values)]
+        line_steps = finite_steps if not p.repeats else np.unique(finite_steps)
+        smoothed[np.isfinite(p.values)] = p.smooth[np.searchsorted(line_steps, finite_steps)]
     return {"step": p.steps.tolist(), "value": _nullable(p.values), "smoothed": _nullable(smoothed)}
 
 
@@ -483,7 +518,7 @@ class CompareOptions:
 
 def group_band(prepared: Sequence[Prepared], band: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mean of the members' smoothed curves on a common grid, with min-max or +-std band."""
-    curves = [(p.x, p.smooth if p.smooth is not None else p.y) for p in prepared if len(p.x)]
+    curves = [(p.line_x, p.smooth if p.smooth is not None else p.line_y) for p in prepared if len(p.x)]
     if not curves:
         empty = np.empty(0)
         return empty, empty, empty, empty
@@ -562,7 +597,7 @@ def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: 
                 raw_x, raw_y, sx, sy = reduce_for_display(p, per_trace)
                 traces.append(Trace(label=m.run["name"] + suffix, color=unit.color, raw_x=raw_x, raw_y=raw_y,
                                     smooth_x=sx, smooth_y=sy, linestyle=style,
-                                    nonfinite_x=thin_nonfinite(p.nonfinite_x)))
+                                    nonfinite_x=thin_nonfinite(p.nonfinite_x), raw_markers=p.repeats))
                 ys += [p.y, p.smooth]
                 total_in += len(p.x)
                 total_out += len(raw_x)

@@ -62,6 +62,7 @@ class Trace:
     band_low: np.ndarray | None = None
     band_high: np.ndarray | None = None
     nonfinite_x: np.ndarray | None = None  # steps whose value was NaN or Inf
+    raw_markers: bool = False              # raw points as dots: steps holding several points
 
 
 @dataclass
@@ -173,8 +174,12 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
             ax.fill_between(trace.band_x, trace.band_low, trace.band_high, color=light(trace.color, 0.72),
                             linewidth=0, zorder=2)
         if trace.raw_x is not None and len(trace.raw_x):
-            ax.plot(trace.raw_x, trace.raw_y, color=trace.raw_color or light(trace.color), linewidth=0.8,
-                    linestyle=trace.linestyle, zorder=3, solid_joinstyle="round")
+            if trace.raw_markers:  # several points at a step: a line through them would zigzag
+                ax.plot(trace.raw_x, trace.raw_y, ".", color=trace.raw_color or light(trace.color),
+                        markersize=2.5, zorder=3)
+            else:
+                ax.plot(trace.raw_x, trace.raw_y, color=trace.raw_color or light(trace.color), linewidth=0.8,
+                        linestyle=trace.linestyle, zorder=3, solid_joinstyle="round")
         if trace.smooth_x is not None and len(trace.smooth_x):
             ax.plot(trace.smooth_x, trace.smooth_y, color=trace.color, linewidth=1.6, linestyle=trace.linestyle,
                     label=plain(trace.label) if trace.label else None, zorder=4)

@@ -50,7 +50,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from ..dictionary import get_definition, update_definition
 from ..errors import AlreadyRegisteredError, InputError
 from ..models import IngestBatch, Run
-from ..series import ORDER_POLICIES, SeriesData
+from ..series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
 from . import get_registry
 from .api import clean
 from .security import current_user, write_access_required
@@ -519,7 +519,7 @@ def upload() -> tuple[Response, int]:
         raise InputError("the form contains a NUL character")
     shown = _display_name(upload_file.filename)
     fmt = (request.form.get("format") or "").strip() or None
-    on_disorder = (request.form.get("on_disorder") or "error").strip()
+    on_disorder = (request.form.get("on_disorder") or DEFAULT_ORDER_POLICY).strip()
     if on_disorder not in ORDER_POLICIES:
         raise InputError(f"on_disorder must be one of {', '.join(ORDER_POLICIES)}")
     tags = [t.strip() for v in request.form.getlist("tags") for t in v.split(",") if t.strip()]
