@@ -141,3 +141,20 @@ def test_dashboard_plot_and_export_of_a_repeated_step_series(db_url, tmp_path: P
     assert all(rows["smoothed"][i] == rows["smoothed"][i + 1] for i in range(0, 80, 2))
     assert rows["smoothed"][0] == pytest.approx(1 + 1)  # first step: mean of 1 and 3, nothing before it
     reg.close()
+
+
+def test_summary_with_runtime_logged_every_step_keeps_the_runtime_curve():
+    """transformers with include_num_input_tokens_seen adds train_runtime to every log entry."""
+    from registry.run_summary import split_run_summary
+
+    steps = np.array([10, 20, 30])
+    data = {
+        "train/loss": SeriesData(steps, np.array([1.0, 0.8, 0.6])),
+        "train/train_runtime": SeriesData(np.array([10, 20, 30, 30]), np.array([1.0, 2.0, 3.0, 3.1])),
+        "train/total_flos": SeriesData(np.array([30]), np.array([5e12])),
+        "train/train_loss": SeriesData(np.array([30]), np.array([0.8])),
+    }
+    series, scores = split_run_summary(data)
+    assert scores == {"train_runtime": 3.1, "total_flos": 5e12, "train_loss": 0.8}
+    assert set(series) == {"train/loss", "train/train_runtime"}
+    assert len(series["train/train_runtime"]) == 4
