@@ -3,7 +3,15 @@
 Curves come from the seeded generator in ``registry.synthetic`` (canonical metrics), and are
 registered under the raw keys a real framework would log — stable-baselines3 for the PPO
 project, verl for the GRPO project — so the demo exercises alias binding exactly as a real
-import does. The real SB3 TensorBoard runs from ``../shared/data`` are added when present.
+import does. What a newcomer checks first holds:
+
+- the healthy seeds of a project share one configuration and differ only in ``seed``, so the
+  compare view groups them; every run of a project logs on one step scale (GRPO optimizer
+  steps, PPO environment steps of 2,048-step rollouts);
+- verdicts follow from each run's curves by one rule (``demo_outcome``), the same for all;
+- each task gets a health baseline learned from its healthy seeds;
+- real runs are added where the project finds them: the stable-baselines3 runs of
+  ``../shared/data`` and the framework-written runs under ``tests/data/real`` of a checkout.
 """
 from __future__ import annotations
 
@@ -12,12 +20,19 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import AlreadyRegisteredError
+from .errors import AlreadyRegisteredError, RegistryError
 from .series import SeriesData
 from .store import Registry
 
 # Logged points per run: long enough for realistic curves, short enough to build in seconds.
 DEMO_POINTS = {"grpo": 1500, "ppo": 600}
+# Step units per logged point, one per project: GRPO logs every optimizer step, SB3's PPO once
+# per rollout of n_steps=2048 environment steps.
+DEMO_STRIDE = {"grpo": 1, "ppo": 2048}
+# The project's configuration: every healthy seed runs it; a failing run changes what its name says.
+BASE_LR = {"grpo": 1e-6, "ppo": 3e-4}
+LR_FACTOR = {"kl_blowup": 10.0}
+DEFAULT_REAL_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "real"
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sb3_ppo"
 
 # (project, algorithm, framework, synthetic task, kinds with seeds)
@@ -44,6 +59,14 @@ REAL_RUN_OUTCOMES = {
 }
 
 
+# Framework-written runs under tests/data/real: (glob pattern, project, algorithm).
+REAL_FRAMEWORK_RUNS: tuple[tuple[str, str, str], ...] = (
+    ("cleanrl_ppo_cartpole/runs/*", "cleanrl-cartpole", "PPO"),
+    ("sb3_ppo_cartpole_logger", "sb3-classic-control", "PPO"),
+    ("trl_grpo_tiny", "trl-tiny", "GRPO"),
+)
+
+
 def hyperparameters(algorithm: str, lr: float, seed: int) -> dict[str, Any]:
     """What the trainer's config would say (the generator's curve-shape parameters stay hidden)."""
     if algorithm == "grpo":
@@ -53,6 +76,45 @@ def hyperparameters(algorithm: str, lr: float, seed: int) -> dict[str, Any]:
                 "data": {"train_batch_size": 256, "max_response_length": 1024}, "rollout": {"n": 8}, "seed": seed}
     return {"learning_rate": lr, "n_steps": 2048, "batch_size": 64, "n_epochs": 10, "gamma": 0.99, "gae_lambda": 0.95,
             "clip_range": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "seed": seed}
+
+
+def demo_outcome(run: Any) -> tuple[str, float, float, str]:
+    """(verdict, final score, normalized score, reason) read off a synthetic run's curves.
+
+    ``synthetic.run_outcome`` decides diverged and failed. Its success bar (final reward at 70%
+    of the task's range) suits episode returns with a known cap, not a math accuracy that a
+    healthy GRPO run lifts from 0.2 to 0.7: a reward that gained at least 30% of the range since
+    the start of the run and lost nothing from its peak is a success too, as an engineer
+    reading the curve would call it.
+    """
+    from .synthetic import TASKS
+
+    out = run.outcome
+    if out.verdict != "inconclusive":
+        return out.verdict, out.final_score, out.normalized_score, out.reason
+    lo, hi = TASKS[run.task][2]
+    reward = run.curves[run.reward_metric].values
+    reward = reward[np.isfinite(reward)]
+    start = float(np.median(reward[: max(3, reward.size // 20)]))
+    gain = (out.final_score - start) / max(hi - lo, 1e-12)
+    if gain >= 0.3:
+        return ("success", out.final_score, out.normalized_score,
+                f"reward rose from {start:.3g} to {out.final_score:.3g} ({gain:.0%} of the task range)")
+    return out.verdict, out.final_score, out.normalized_score, out.reason
+
+
+def _checked_verdict(reg: Registry, run_id: str, verdict: str, reason: str) -> tuple[str, str]:
+    """A reward that rose is no success when the run's own diagnosis found a critical problem:
+    an engineer reading the dashboard would call that run inconclusive, not a success."""
+    if verdict != "success":
+        return verdict, reason
+    from .health import current_findings
+
+    found = current_findings(reg, run_id)
+    if not found.n_critical:
+        return verdict, reason
+    first = found.lines[0] if found.lines else "a critical finding"
+    return "inconclusive", f"{reason}, but the diagnosis found: {first}"
 
 
 def alias_keys(definitions: Mapping[str, Mapping[str, Any]], framework: str,
@@ -76,8 +138,13 @@ def _raw_series(curves: Mapping[str, Any], keys: Mapping[str, tuple[str, float]]
     return data
 
 
-def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], None] = print) -> str:
-    """Fill the registry at ``url``; idempotent (runs already there are left alone)."""
+def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], None] = print,
+               real_data: Path | None = None) -> str:
+    """Fill the registry at ``url``; idempotent (runs already there are left alone).
+
+    Returns the closing message: what was added, how to point the CLI at this registry, and
+    three pages to open first.
+    """
     from .synthetic import generate_run
 
     reg = Registry(url)
@@ -90,37 +157,104 @@ def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], 
             name = f"{project}-{kind}-s{seed}"
             if name in existing:
                 continue
-            run = generate_run(kind, seed=seed, algorithm=algorithm, task=task, n_steps=DEMO_POINTS[algorithm])
+            run = generate_run(kind, seed=seed, algorithm=algorithm, task=task, n_steps=DEMO_POINTS[algorithm],
+                               step_stride=DEMO_STRIDE[algorithm])
             n_steps = int(max(c.steps[-1] for c in run.curves.values()))
             checkpoints = [(step, f"ckpt/{name}/step_{step}") for step in run.checkpoints]
-            reg.register_arrays(
+            verdict, final, normalized, reason = demo_outcome(run)
+            lr = BASE_LR[algorithm] * LR_FACTOR.get(kind, 1.0)
+            result = reg.register_arrays(
                 name, _raw_series(run.curves, keys), project=project, algorithm=algorithm.upper(),
-                framework=framework, task=task, params=hyperparameters(algorithm, run.params["lr"], seed),
+                framework=framework, task=task, params=hyperparameters(algorithm, lr, seed),
                 tags=["demo", kind] + ([f"seed{seed}"] if kind == "healthy" else []),
-                outcome={
-                    "verdict": run.outcome.verdict,
-                    "scores": {"final_reward": run.outcome.final_score,
-                               "normalized_score": run.outcome.normalized_score},
-                    "notes": run.outcome.reason,
-                    "checkpoints": checkpoints,
-                },
+                outcome={"scores": {"final_reward": final, "normalized_score": normalized},
+                         "checkpoints": checkpoints},
             )
+            verdict, reason = _checked_verdict(reg, result.run_id, verdict, reason)
+            reg.set_outcome(result.run_id, verdict=verdict, notes=reason)
             added += 1
-            echo(f"  {name}: {len(run.curves)} metrics, {n_steps:,} steps, verdict {run.outcome.verdict}")
-    shared = shared_data or DEFAULT_SHARED_DATA
-    real = 0
-    if shared.is_dir():
-        for run_dir in sorted(p for p in shared.iterdir() if p.is_dir()):
-            try:
-                result = reg.register(run_dir, project="sb3-classic-control", algorithm="PPO", tags=["real", "sb3"])
-                if run_dir.name in REAL_RUN_OUTCOMES:
-                    verdict, notes = REAL_RUN_OUTCOMES[run_dir.name]
-                    final = reg.read_series(result.run_id, "rollout/ep_rew_mean").values[-1]
-                    reg.set_outcome(result.run_id, verdict=verdict, notes=notes, scores={"final_episode_return": final})
-                real += 1
-                echo(f"  {run_dir.name}: real stable-baselines3 TensorBoard run")
-            except AlreadyRegisteredError:
-                pass
+            echo(f"  {name}: {len(run.curves)} metrics, {n_steps:,} steps, verdict {verdict}")
+    real = _add_shared_runs(reg, shared_data or DEFAULT_SHARED_DATA, echo)
+    real += _add_real_framework_runs(reg, real_data or DEFAULT_REAL_DATA, echo)
+    baselines = _build_baselines(reg, echo)
     total = reg.list_runs(limit=0)[1]
+    pages = _first_pages(reg)
     reg.close()
-    return f"demo registry ready: {added} synthetic and {real} real runs added, {total} runs in total"
+    lines = [f"demo registry ready: {added} synthetic and {real} real runs added, {total} runs in total; "
+             f"baselines for {', '.join(baselines) or 'no task'}",
+             f"point the CLI at it: export RLREG_DATABASE_URL={url}"]
+    if pages:
+        lines.append("open first:")
+        lines += [f"  {label}: {path}" for label, path in pages]
+    return "\n".join(lines)
+
+
+def _add_shared_runs(reg: Registry, shared: Path, echo: Callable[[str], None]) -> int:
+    """The labelled stable-baselines3 runs of ``../shared/data``, with their verdicts."""
+    if not shared.is_dir():
+        return 0
+    real = 0
+    for run_dir in sorted(p for p in shared.iterdir() if p.is_dir()):
+        try:
+            result = reg.register(run_dir, project="sb3-classic-control", algorithm="PPO", tags=["real", "sb3"])
+        except AlreadyRegisteredError:
+            continue
+        if run_dir.name in REAL_RUN_OUTCOMES:
+            verdict, notes = REAL_RUN_OUTCOMES[run_dir.name]
+            final = reg.read_series(result.run_id, "rollout/ep_rew_mean").values[-1]
+            reg.set_outcome(result.run_id, verdict=verdict, notes=notes, scores={"final_episode_return": final})
+        real += 1
+        echo(f"  {run_dir.name}: real stable-baselines3 TensorBoard run")
+    return real
+
+
+def _add_real_framework_runs(reg: Registry, root: Path, echo: Callable[[str], None]) -> int:
+    """Runs written by the frameworks' own loggers (``tests/data/real``, see its README)."""
+    if not root.is_dir():
+        return 0
+    sources = [(source, project, algorithm) for pattern, project, algorithm in REAL_FRAMEWORK_RUNS
+               for source in sorted(root.glob(pattern))]
+    real = 0
+    for source, project, algorithm in sources:
+        try:
+            result = reg.register(source, project=project, algorithm=algorithm, tags=["real"])
+        except AlreadyRegisteredError:
+            continue
+        except RegistryError as exc:  # a demo never stops on one file; say why it was left out
+            echo(f"  {source.relative_to(root)}: not added ({exc})")
+            continue
+        real += 1
+        echo(f"  {result.name}: real {result.framework or 'framework'} run ({result.source_format})")
+    return real
+
+
+def _build_baselines(reg: Registry, echo: Callable[[str], None]) -> list[str]:
+    """A health baseline for each demo task, learned from its healthy seeds."""
+    from .health import build_task_baseline
+
+    built = []
+    for project, _, _, task, kinds in PROJECTS:
+        seeds = [f"{project}-healthy-s{seed}" for kind, seed in kinds if kind == "healthy"]
+        try:
+            build_task_baseline(reg, task, seeds, author="demo", note="learned from the demo's healthy seeds")
+        except RegistryError as exc:
+            echo(f"  no baseline for {task}: {exc}")
+            continue
+        built.append(task)
+    return built
+
+
+def _first_pages(reg: Registry) -> list[tuple[str, str]]:
+    """A failing run's dashboard, a compare view, and a similar-runs answer."""
+    rows, _ = reg.list_runs(where="verdict=diverged", limit=1, order_by="name")
+    pages = []
+    if rows:
+        pages.append(("a diverging run's dashboard", f"/runs/{rows[0]['id']}"))
+    seeds, _ = reg.list_runs(where="tag=demo and tag=healthy and project=math-grpo", limit=None)
+    failing, _ = reg.list_runs(where="project=math-grpo and tag=kl_blowup", limit=1)
+    ids = [r["id"] for r in seeds + failing]
+    if ids:
+        pages.append(("healthy seeds against a KL blow-up", "/compare?run=" + ",".join(ids)))
+    if rows:
+        pages.append(("runs that looked like it, and how they ended", f"/runs/{rows[0]['id']}#similar"))
+    return pages

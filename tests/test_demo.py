@@ -29,3 +29,35 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
     # Building again adds nothing.
     assert "0 synthetic and 0 real" in build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
     reg.close()
+
+
+def test_demo_seed_groups_step_scales_verdicts_baselines_and_closing_pages(sqlite_url: str, sb3_runs):
+    from registry.health import get_baseline
+    from registry.web import create_app
+    from registry.web.curves import build_units
+
+    summary = build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
+    reg = Registry(sqlite_url)
+    # The CLI can be pointed at the demo's registry with the line it prints.
+    assert f"export RLREG_DATABASE_URL={sqlite_url}" in summary
+    for project, _, _, task, kinds in PROJECTS:
+        rows, _ = reg.list_runs(where=f"project={project}", limit=None)
+        # One step scale per project: every run ends at the same last step.
+        last_steps = {max(s["last_step"] for s in reg.run_detail(r["id"])["series"]) for r in rows}
+        assert len(last_steps) == 1, (project, last_steps)
+        seeds = [reg.run_detail(f"{project}-healthy-s{seed}") for kind, seed in kinds if kind == "healthy"]
+        # The healthy seeds differ only in their seed, so the compare view groups them as one.
+        units = build_units(seeds, group_seeds=True)
+        assert len(units) == 1 and units[0].is_group
+        assert {s["verdict"] for s in seeds} == {"success"}
+        assert get_baseline(reg, task) is not None
+    # Verdicts follow the run's curves: the KL blow-up diverged or failed, the zero reward failed.
+    assert reg.run_detail("math-grpo-kl_blowup-s0")["verdict"] in ("diverged", "failed")
+    assert reg.run_detail("math-grpo-reward_zero-s0")["verdict"] == "failed"
+    # The three pages it names open.
+    client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
+    pages = [line.split(": ", 1)[1] for line in summary.splitlines() if line.startswith("  ") and ": /" in line]
+    assert len(pages) == 3
+    for page in pages:
+        assert client.get(page.split("#")[0]).status_code == 200, page
+    reg.close()
