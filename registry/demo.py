@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .errors import AlreadyRegisteredError, RegistryError
+from .importers.params import load_params_file
 from .series import SeriesData
 from .store import Registry
 
@@ -59,11 +60,12 @@ REAL_RUN_OUTCOMES = {
 }
 
 
-# Framework-written runs under tests/data/real: (glob pattern, project, algorithm).
-REAL_FRAMEWORK_RUNS: tuple[tuple[str, str, str], ...] = (
-    ("cleanrl_ppo_cartpole/runs/*", "cleanrl-cartpole", "PPO"),
-    ("sb3_ppo_cartpole_logger", "sb3-classic-control", "PPO"),
-    ("trl_grpo_tiny", "trl-tiny", "GRPO"),
+# Framework-written runs under tests/data/real (see its README): glob pattern, project, algorithm,
+# and the name of the trainer's own config file beside the run (read as its hyperparameters).
+REAL_FRAMEWORK_RUNS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("cleanrl_ppo_cartpole/runs/*", "cleanrl-cartpole", "PPO", None),
+    ("sb3_ppo_cartpole_logger/events.out.tfevents.*", "sb3-classic-control", "PPO", "params.json"),
+    ("trl_grpo_tiny/*/checkpoint-*/trainer_state.json", "trl-tiny", "GRPO", "config.json"),
 )
 
 
@@ -212,20 +214,31 @@ def _add_real_framework_runs(reg: Registry, root: Path, echo: Callable[[str], No
     """Runs written by the frameworks' own loggers (``tests/data/real``, see its README)."""
     if not root.is_dir():
         return 0
-    sources = [(source, project, algorithm) for pattern, project, algorithm in REAL_FRAMEWORK_RUNS
-               for source in sorted(root.glob(pattern))]
     real = 0
-    for source, project, algorithm in sources:
-        try:
-            result = reg.register(source, project=project, algorithm=algorithm, tags=["real"])
-        except AlreadyRegisteredError:
-            continue
-        except RegistryError as exc:  # a demo never stops on one file; say why it was left out
-            echo(f"  {source.relative_to(root)}: not added ({exc})")
-            continue
-        real += 1
-        echo(f"  {result.name}: real {result.framework or 'framework'} run ({result.source_format})")
+    for pattern, project, algorithm, config_name in REAL_FRAMEWORK_RUNS:
+        for source in sorted(root.glob(pattern)):
+            config = _nearest(source, root, config_name) if config_name else None
+            try:
+                params = load_params_file(config) if config else None
+                result = reg.register(source, project=project, algorithm=algorithm, params=params, tags=["real"])
+            except AlreadyRegisteredError:
+                continue
+            except RegistryError as exc:  # a demo never stops on one file; say why it was left out
+                echo(f"  {source.relative_to(root)}: not added ({exc})")
+                continue
+            real += 1
+            echo(f"  {result.name}: real {result.framework or 'framework'} run ({result.source_format})")
     return real
+
+
+def _nearest(source: Path, root: Path, name: str) -> Path | None:
+    """The file ``name`` in the source's directory or the closest one above it, up to ``root``."""
+    for directory in [source.parent, *source.parent.parents]:
+        if (directory / name).is_file():
+            return directory / name
+        if directory == root:
+            break
+    return None
 
 
 def _build_baselines(reg: Registry, echo: Callable[[str], None]) -> list[str]:

@@ -2,19 +2,24 @@
 from __future__ import annotations
 
 from registry import Registry
-from registry.demo import PROJECTS, build_demo
+from registry.demo import DEFAULT_REAL_DATA, PROJECTS, REAL_FRAMEWORK_RUNS, REAL_RUN_OUTCOMES, build_demo
 from registry.health import diagnose_run
 
 
 def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, sb3_runs):
     summary = build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
     expected = sum(len(kinds) for *_, kinds in PROJECTS)
-    assert f"{expected} synthetic and 4 real" in summary
+    framework_runs = [p for pattern, *_ in REAL_FRAMEWORK_RUNS for p in DEFAULT_REAL_DATA.glob(pattern)]
+    assert len(framework_runs) >= 4  # CleanRL, the SB3 logger, two TRL GRPO runs
+    assert f"{expected} synthetic and {4 + len(framework_runs)} real" in summary
     reg = Registry(sqlite_url)
     rows, total = reg.list_runs(limit=None)
-    assert total == expected + 4
-    assert {r["project"] for r in rows} == {"math-grpo", "control-ppo", "sb3-classic-control"}
-    assert all(r["verdict"] for r in rows)
+    assert total == expected + 4 + len(framework_runs)
+    assert {r["project"] for r in rows} == {"math-grpo", "control-ppo", "sb3-classic-control", "cleanrl-cartpole",
+                                            "trl-tiny"}
+    # Synthetic runs and the labelled shared runs carry verdicts; runs nobody judged carry none.
+    judged = [r for r in rows if "demo" in r["tags"] or r["name"] in REAL_RUN_OUTCOMES]
+    assert len(judged) == expected + 4 and all(r["verdict"] for r in judged)
     grpo = reg.run_detail("math-grpo-kl_blowup-s0")
     assert grpo["framework"] == "verl" and grpo["checkpoints"]
     unmapped = [s["key"] for s in grpo["series"] if s["definition"] is None]
