@@ -1,0 +1,84 @@
+"""Runs written by the frameworks' own code (tests/data/real, see its README) register with default
+options, keep every point a trainer wrote, and the README's registration examples run as written."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry import Registry
+from registry.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+REAL = REPO / "tests" / "data" / "real"
+CLEANRL_RUN = REAL / "cleanrl_ppo_cartpole" / "runs" / "CartPole-v1__ppo__1__1796394563"
+TRL = REAL / "trl_grpo_tiny"
+
+
+def test_cleanrl_vectorised_envs_keep_every_episode(registry: Registry):
+    result = registry.register(CLEANRL_RUN)
+    assert not result.warnings and result.framework == "cleanrl"
+    returns = registry.read_series(result.run_id, "charts/episodic_return")
+    steps = returns.steps
+    assert (np.diff(steps) >= 0).all()
+    # Four environments: several episodes end at one global step, and each is kept.
+    assert len(np.unique(steps)) < len(steps)
+    per_step = returns.per_step()
+    assert per_step.counts.sum() == len(steps) and per_step.counts.max() >= 2
+
+
+@pytest.mark.parametrize("path", [
+    "beta0.04/runs/Dec04_14-39-08_vm", "num_iterations2/runs/Dec04_14-38-05_vm",
+    "beta0.04/trainer_state_after_train.json", "num_iterations2/trainer_state_after_train.json",
+])
+def test_trl_end_of_training_summary_becomes_scores(registry: Registry, path: str):
+    result = registry.register(TRL / path)
+    assert not result.warnings
+    assert set(result.summary) == {"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                                   "total_flos", "train_loss"}
+    detail = registry.run_detail(result.run_id)
+    assert detail["scores"]["train_runtime"] == pytest.approx(result.summary["train_runtime"])
+    keys = {s["key"] for s in detail["series"]}
+    epoch_key = "train/epoch" if "train/epoch" in keys else "epoch"
+    epoch = registry.read_series(result.run_id, epoch_key)
+    assert len(np.unique(epoch.steps)) == len(epoch.steps)  # the summary's repeated epoch is one point
+    assert not any(k.endswith("train_runtime") for k in keys)
+
+
+def test_trl_checkpoint_state_has_no_summary_and_registers(registry: Registry):
+    result = registry.register(TRL / "beta0.04" / "checkpoint-30" / "trainer_state.json")
+    assert result.summary == {} and not result.warnings and result.framework == "trl"
+
+
+def test_sb3_logger_event_file_registers(registry: Registry):
+    events = next((REAL / "sb3_ppo_cartpole_logger").glob("events.out.tfevents.*"))
+    result = registry.register(events)
+    assert result.framework == "stable-baselines3" and not result.unmapped.get("rollout/ep_rew_mean")
+
+
+def _readme_register_block() -> list[list[str]]:
+    """The `rlreg register/runs/show` lines of the README's "Registering runs" block, as argv lists."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Registering runs\n\n```bash\n(.*?)```", text, re.S).group(1)
+    commands = []
+    for line in block.splitlines():
+        line = line.split("  #", 1)[0].strip()
+        if line.startswith(("rlreg register", "rlreg runs", "rlreg show", "rlreg init")):
+            commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def test_readme_registration_examples_run_as_written(sqlite_url: str, monkeypatch):
+    monkeypatch.chdir(REPO)
+    commands = _readme_register_block()
+    assert sum(c[0] == "register" for c in commands) >= 3
+    runner = CliRunner()
+    for argv in commands:
+        result = runner.invoke(cli, ["--db", sqlite_url, *argv], catch_exceptions=False)
+        assert result.exit_code == 0, (argv, result.output)
+        if argv[0] == "show":
+            assert "cleanrl-cartpole" in result.output
