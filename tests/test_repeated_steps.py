@@ -158,3 +158,18 @@ def test_summary_with_runtime_logged_every_step_keeps_the_runtime_curve():
     assert scores == {"train_runtime": 3.1, "total_flos": 5e12, "train_loss": 0.8}
     assert set(series) == {"train/loss", "train/train_runtime"}
     assert len(series["train/train_runtime"]) == 4
+
+
+def test_downsampling_a_repeated_step_series_keeps_its_spike(db_url, tmp_path: Path):
+    reg = Registry(db_url)
+    csv = tmp_path / "many.csv"
+    rows = ["step,charts/episodic_return"] + [f"{i // 3},{(i * 7919) % 13}" for i in range(15000)]
+    rows[7001] = "2333,500"  # one episode's spike, among three at its step
+    csv.write_text("\n".join(rows) + "\n")
+    run_id = reg.register(csv).run_id
+    client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
+    body = client.get(f"/api/runs/{run_id}/series",
+                      query_string={"key": "charts/episodic_return", "points": 300}).get_json()
+    assert body["downsampled"] and body["returned"] <= 300 and 500 in body["values"]
+    assert body["steps"] == sorted(body["steps"])
+    reg.close()
