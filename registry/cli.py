@@ -8,8 +8,10 @@ from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from .binding import binding_summary, describe_binding, provenance_caption
 from .errors import AlreadyRegisteredError, InputError, RegistryError
 from .jsonsafe import json_safe
 
@@ -254,6 +256,8 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
         for k, v in detail["params"].items():
             params.add_row(k, _fmt(v))
         console.print(params)
+    for line in binding_summary(detail.get("binding") or {}):
+        console.print(f"  {line}", highlight=False, markup=False)
     metrics = Table(title="metrics", title_justify="left")
     for col in ("key", "definition", "layer", "semantics", "points", "NaN/Inf", "first", "last", "min", "max"):
         metrics.add_column(col, overflow="fold")
@@ -264,11 +268,22 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
             sem_text += f", sign={s['sign']:g}"
         if s["overrides"]:
             sem_text += " (run override: " + ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) + ")"
+        origin = provenance_caption(s.get("provenance"))
+        if origin:
+            sem_text += f" ({origin})"
+        if s.get("labels"):
+            sem_text += " {" + ", ".join(f"{k}={v}" for k, v in s["labels"].items()) + "}"
+        sem_text = escape(sem_text)
         bound = "[red]unmapped[/red]"
         if s["definition"]:
             bound = f"{s['definition']} v{s['definition_version']}"
             if s["definition_current_version"] != s["definition_version"]:
                 bound += f" (now v{s['definition_current_version']})"
+            how = (s.get("provenance") or {}).get("how")
+            if how == "guessed":
+                bound += " [yellow](guessed)[/yellow]"
+            elif how:
+                bound += escape(f" ({describe_binding(s['provenance'])})")
         metrics.add_row(s["key"], bound, s["layer"] or "", sem_text,
                         str(s["count"]), f"{s['nan_count']}/{s['inf_count']}", _fmt(s["first"]), _fmt(s["last"]),
                         _fmt(s["min"]), _fmt(s["max"]))
