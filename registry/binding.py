@@ -131,6 +131,11 @@ class Detection:
 class AmbiguousKeyError(InputError):
     """A key that several aliases of the run's own framework claim, with nothing to decide between them."""
 
+    def __init__(self, message: str, definitions: set[str], listed: str):
+        super().__init__(message)
+        self.definitions = definitions
+        self.listed = listed
+
 
 def _template_regex(key: str) -> re.Pattern[str]:
     parts, last = [], 0
@@ -235,9 +240,12 @@ class AliasIndex:
             + "".join(f", {f} {m.alias[f]}" for f in SEMANTIC_FIELDS if m.alias.get(f))
             for m in matches
         )
+        algos = sorted({m.alias["algorithm"] for m in matches if m.alias["algorithm"]})
+        hint = f"give the run's algorithm (--algorithm {' or '.join(algos)})" if algos else "choose one"
         raise AmbiguousKeyError(
-            f"metric {key!r} matches several {framework} aliases that disagree: {listed}. "
-            f"Say which: give the run's algorithm (--algorithm), or --semantics '{key}:definition=NAME'"
+            f"metric {key!r} matches several {framework} aliases that disagree: {listed}. Say which: {hint}, "
+            f"or set the fields yourself (--semantics '{key}:FIELD=VALUE', '{key}:definition=NAME')",
+            {m.name for m in matches}, listed,
         )
 
     def _own(self, key: str, ctx: BindingContext, forced: str | None):
@@ -287,11 +295,24 @@ class AliasIndex:
         how = None
         guessed_agree = True
         guessed_from: list[str] = []
+        ambiguous: AmbiguousKeyError | None = None
         if ctx.framework:
-            own = self._own(key, ctx, definition)
+            try:
+                own = self._own(key, ctx, definition)
+            except AmbiguousKeyError as exc:
+                # Declared (or named by the input format): the user must say which, unless their own
+                # overrides do. Only detected: the framework itself is a reading of the keys, so the
+                # key is bound as a guess, at the definition's defaults.
+                if len(exc.definitions) != 1 or (ctx.framework_from != "detected" and not override):
+                    raise
+                ambiguous, own = exc, None
             if own:
                 match, logical, prefix, split, note = own
                 how = "alias"
+        if ambiguous is not None:
+            how = "overridden" if override else "guessed"
+            definition = definition or next(iter(ambiguous.definitions))
+            guessed_from = [ctx.framework]
         if how is None and key in self._defs and definition in (None, key):
             how, logical = "canonical", key
         if how is None:
@@ -302,12 +323,14 @@ class AliasIndex:
         if definition is not None and (how is None or (match and match.name != definition)
                                         or (how == "canonical" and key != definition)):
             how, match, logical = "forced", None, key
+        if ambiguous is not None:
+            how = "overridden" if override else "guessed"
 
         if how is None:
             return Binding(key, None, None, None, None, 1.0, {}, override, tuple(self.suggest(key)),
                            provenance={"how": None}, labels={})
 
-        name = definition if how == "forced" else (key if how == "canonical" else match.name)
+        name = definition if match is None and how != "canonical" else (key if how == "canonical" else match.name)
         defn = self._defs[name]
         def_id, version = self._ids[name]
         alias = match.alias if match is not None and (how != "guessed" or guessed_agree) else None
@@ -343,6 +366,9 @@ class AliasIndex:
                 fields[f] = {k: v for k, v in origin.items() if k != "value"}
             notes += effect.notes
             warnings = effect.warnings
+        if ambiguous is not None:
+            notes.append(f"several {ctx.framework} aliases match ({ambiguous.listed}); "
+                         + ("the run's overrides decide" if override else "the definition's defaults are used"))
         if how == "guessed" and not guessed_agree:
             notes.append(f"frameworks {', '.join(guessed_from)} log this key with different semantics; "
                          "the definition's defaults are used")
@@ -469,13 +495,17 @@ def describe_binding(provenance: Mapping[str, Any] | None) -> str:
     how = p.get("how")
     if how == "alias":
         text = f"alias {p.get('alias_key')}"
+    elif how == "guessed" and not p.get("alias_key"):
+        text = "GUESSED: several aliases of the detected framework match; definition defaults"
     elif how == "guessed":
-        text = (f"GUESSED: {p.get('alias_key')} is a {', '.join(p.get('guessed_from') or [])} key, "
+        text = (f"GUESSED: {p.get('alias_key')} is a {', '.join(str(f) for f in p.get('guessed_from') or [])} key, "
                 f"not one of this run's framework ({p.get('run_framework') or 'unknown'})")
     elif how == "canonical":
         text = "canonical name"
     elif how == "forced":
         text = "definition chosen by the user"
+    elif how == "overridden":
+        text = "several aliases match; the run's overrides decide"
     else:
         return "unmapped"
     if p.get("logger_prefix"):
@@ -509,7 +539,7 @@ def provenance_caption(provenance: Mapping[str, Any] | None) -> str:
     p = provenance or {}
     parts = []
     if p.get("how") == "guessed":
-        parts.append(f"guessed from {', '.join(p.get('guessed_from') or [])}")
+        parts.append(f"guessed from {', '.join(str(f) for f in p.get('guessed_from') or [])}")
     for f, origin in (p.get("fields") or {}).items():
         if origin.get("from") in ("config", "override", "layout"):
             parts.append(f"{_FIELD_LABELS.get(f, f)} {describe_field_origin(origin)}")

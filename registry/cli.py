@@ -123,24 +123,31 @@ def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name:
     semantics = _parse_semantics(semantic_overrides)
     if name and len(paths) > 1:
         raise InputError("--name applies to one run; register several paths without it")
+    from .importers import run_paths
+
     reg = open_from(ctx)
     results = []
     for path in paths:
+        several = len(run_paths(path, fmt)) > 1
+        if name and several:
+            raise InputError(f"--name applies to one run; {path} holds several runs (one per sub-directory)")
+        # One progress bar per path, also when the path is a directory of several runs.
         with _progress(f"reading {path.name}", quiet=as_json) as advance:
             try:
-                result = reg.register(
+                registered = reg.register_all(
                     path, format=fmt, name=name, project=project, algorithm=algorithm, framework=framework,
                     task=task, params=hparams, tags=list(tags), code_version=code_version, status=status,
                     on_disorder=on_disorder, replace=replace, semantics=semantics, progress=advance,
                 )
             except AlreadyRegisteredError as exc:
-                if len(paths) == 1:
+                if len(paths) == 1 and not several:
                     raise
                 err_console.print(f"[yellow]{path}: {exc}[/yellow]")
                 continue
-        results.append(result)
+        results += registered
         if not as_json:
-            _print_registration(result)
+            for result in registered:
+                _print_registration(result)
     if as_json:
         echo_json([r.to_dict() for r in results])
 

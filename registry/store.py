@@ -434,6 +434,31 @@ class Registry:
         _refresh_findings(self, result.run_id)
         return result
 
+    def register_all(self, path: str | Path, *, format: str | None = None, name: str | None = None,
+                     **options: Any) -> list[RegistrationResult]:
+        """Register every run a path holds: one run, or one per sub-directory of a TensorBoard
+        directory of runs (SB3's ``PPO_1/``, ``PPO_2/``; CleanRL's ``runs/<run name>/``).
+
+        Each run is registered in its own transaction; when one fails, the runs this call already
+        registered are deleted again, so the registry is left as it was, and the error names the run.
+        A run already registered is an error as for ``register`` (``replace=True`` re-registers).
+        """
+        from .importers import run_paths
+
+        paths = run_paths(Path(path), format)
+        if len(paths) == 1:
+            return [self.register(paths[0], format=format, name=name, **options)]
+        results: list[RegistrationResult] = []
+        try:
+            for run_path in paths:
+                results.append(self.register(run_path, format=format, **options))
+        except BaseException:
+            for done in results:
+                with contextlib.suppress(NotFoundError):
+                    self.delete_run(done.run_id)
+            raise
+        return results
+
     def register_arrays(
         self,
         name: str,
