@@ -431,6 +431,49 @@ def dictionary_import(ctx: click.Context, path: Path, author: str, note: str, as
         click.echo(f"created {len(report.created)}, updated {len(report.updated)}, unchanged {len(report.unchanged)}")
 
 
+@dictionary.command("check-keys")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--shipped", is_flag=True, help="Check the shipped default dictionary instead of the registry's.")
+@json_option
+@click.pass_context
+def dictionary_check_keys(ctx: click.Context, directory: Path, shipped: bool, as_json: bool) -> None:
+    """Fail (exit 1) when a key of a pinned key list (DIRECTORY/*.txt) has no alias of its framework."""
+    from .binding import AliasIndex
+    from .keycheck import check_key_lists
+
+    if shipped:
+        index = shipped_alias_index()
+    else:
+        reg = open_from(ctx.find_root())
+        with reg.read() as session:
+            index = AliasIndex.load(session)
+    report = check_key_lists(index, directory)
+    if as_json:
+        echo_json(report)
+    else:
+        for name, problems in report.items():
+            click.echo(f"{name}: {'ok' if not problems else f'{len(problems)} key(s) without a definition'}")
+            for problem in problems:
+                click.echo(f"  {problem}")
+    if any(report.values()):
+        sys.exit(1)
+
+
+def shipped_alias_index():  # -> AliasIndex over the shipped dictionary, in a throwaway SQLite registry
+    import tempfile
+
+    from .binding import AliasIndex
+    from .store import Registry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        reg = Registry(f"sqlite:///{tmp}/check.db")
+        try:
+            with reg.read() as session:
+                return AliasIndex.load(session)
+        finally:
+            reg.close()
+
+
 @dictionary.command("export")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="File (default: stdout).")
