@@ -8,8 +8,10 @@ from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from .binding import binding_summary, describe_binding, provenance_caption
 from .errors import AlreadyRegisteredError, InputError, RegistryError
 from .jsonsafe import json_safe
 from .series import DEFAULT_ORDER_POLICY, ORDER_POLICIES
@@ -123,24 +125,31 @@ def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name:
     semantics = _parse_semantics(semantic_overrides)
     if name and len(paths) > 1:
         raise InputError("--name applies to one run; register several paths without it")
+    from .importers import run_paths
+
     reg = open_from(ctx)
     results = []
     for path in paths:
+        several = len(run_paths(path, fmt)) > 1
+        if name and several:
+            raise InputError(f"--name applies to one run; {path} holds several runs (one per sub-directory)")
+        # One progress bar per path, also when the path is a directory of several runs.
         with _progress(f"reading {path.name}", quiet=as_json) as advance:
             try:
-                result = reg.register(
+                registered = reg.register_all(
                     path, format=fmt, name=name, project=project, algorithm=algorithm, framework=framework,
                     task=task, params=hparams, tags=list(tags), code_version=code_version, status=status,
                     on_disorder=on_disorder, replace=replace, semantics=semantics, progress=advance,
                 )
             except AlreadyRegisteredError as exc:
-                if len(paths) == 1:
+                if len(paths) == 1 and not several:
                     raise
                 err_console.print(f"[yellow]{path}: {exc}[/yellow]")
                 continue
-        results.append(result)
+        results += registered
         if not as_json:
-            _print_registration(result)
+            for result in registered:
+                _print_registration(result)
     if as_json:
         echo_json([r.to_dict() for r in results])
 
@@ -259,6 +268,8 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
         for k, v in detail["params"].items():
             params.add_row(k, _fmt(v))
         console.print(params)
+    for line in binding_summary(detail.get("binding") or {}):
+        console.print(f"  {line}", highlight=False, markup=False)
     metrics = Table(title="metrics", title_justify="left")
     for col in ("key", "definition", "layer", "semantics", "points", "NaN/Inf", "first", "last", "min", "max"):
         metrics.add_column(col, overflow="fold")
@@ -269,11 +280,22 @@ def show(ctx: click.Context, run: str, as_json: bool) -> None:
             sem_text += f", sign={s['sign']:g}"
         if s["overrides"]:
             sem_text += " (run override: " + ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) + ")"
+        origin = provenance_caption(s.get("provenance"))
+        if origin:
+            sem_text += f" ({origin})"
+        if s.get("labels"):
+            sem_text += " {" + ", ".join(f"{k}={v}" for k, v in s["labels"].items()) + "}"
+        sem_text = escape(sem_text)
         bound = "[red]unmapped[/red]"
         if s["definition"]:
             bound = f"{s['definition']} v{s['definition_version']}"
             if s["definition_current_version"] != s["definition_version"]:
                 bound += f" (now v{s['definition_current_version']})"
+            how = (s.get("provenance") or {}).get("how")
+            if how == "guessed":
+                bound += " [yellow](guessed)[/yellow]"
+            elif how:
+                bound += escape(f" ({describe_binding(s['provenance'])})")
         metrics.add_row(s["key"], bound, s["layer"] or "", sem_text,
                         str(s["count"]), f"{s['nan_count']}/{s['inf_count']}", _fmt(s["first"]), _fmt(s["last"]),
                         _fmt(s["min"]), _fmt(s["max"]))
@@ -412,6 +434,49 @@ def dictionary_import(ctx: click.Context, path: Path, author: str, note: str, as
         echo_json(report.to_dict())
     else:
         click.echo(f"created {len(report.created)}, updated {len(report.updated)}, unchanged {len(report.unchanged)}")
+
+
+@dictionary.command("check-keys")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--shipped", is_flag=True, help="Check the shipped default dictionary instead of the registry's.")
+@json_option
+@click.pass_context
+def dictionary_check_keys(ctx: click.Context, directory: Path, shipped: bool, as_json: bool) -> None:
+    """Fail (exit 1) when a key of a pinned key list (DIRECTORY/*.txt) has no alias of its framework."""
+    from .binding import AliasIndex
+    from .keycheck import check_key_lists
+
+    if shipped:
+        index = shipped_alias_index()
+    else:
+        reg = open_from(ctx.find_root())
+        with reg.read() as session:
+            index = AliasIndex.load(session)
+    report = check_key_lists(index, directory)
+    if as_json:
+        echo_json(report)
+    else:
+        for name, problems in report.items():
+            click.echo(f"{name}: {'ok' if not problems else f'{len(problems)} key(s) without a definition'}")
+            for problem in problems:
+                click.echo(f"  {problem}")
+    if any(report.values()):
+        sys.exit(1)
+
+
+def shipped_alias_index():  # -> AliasIndex over the shipped dictionary, in a throwaway SQLite registry
+    import tempfile
+
+    from .binding import AliasIndex
+    from .store import Registry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        reg = Registry(f"sqlite:///{tmp}/check.db")
+        try:
+            with reg.read() as session:
+                return AliasIndex.load(session)
+        finally:
+            reg.close()
 
 
 @dictionary.command("export")

@@ -56,6 +56,10 @@ class Run(Base):
     source_format: Mapped[str | None] = mapped_column(String(30))
     source_path: Mapped[str | None] = mapped_column(Text)
     source_fingerprint: Mapped[str | None] = mapped_column(String(64), unique=True)
+    # How the run's keys were bound: framework and algorithm with where each came from (declared,
+    # input format, detected with a confidence, config), framework version, and the warnings the
+    # run's own configuration raised against its keys (a KL series with TRL beta 0).
+    binding_info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Bumped on every append or outcome change: part of every cache key of derived views.
     data_version: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
@@ -214,6 +218,11 @@ class Series(Base):
     semantics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # What the run itself overrode (kept apart so the page can say "overridden by this run").
     overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # How the key was bound (alias / guessed / canonical / forced, logger prefix stripped) and, per
+    # semantic field, where its value came from (alias, config, layout, override, guessed, definition).
+    provenance: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Parts of the key a templated alias captured (reward component, data source, @N) and the split.
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     count: Mapped[int] = mapped_column(Integer, default=0)
     nan_count: Mapped[int] = mapped_column(Integer, default=0)
     inf_count: Mapped[int] = mapped_column(Integer, default=0)

@@ -16,7 +16,7 @@ QUANTITIES = (
     "ratio", "rate", "coefficient", "count", "throughput", "time", "other",
 )
 AVERAGING = ("token", "sequence", "episode", "batch", "group", "none")
-KL_ESTIMATORS = ("k1", "k2", "k3", "full", "n/a")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "full", "n/a")
 NORMALIZATION_AXES = ("none", "batch", "group", "minibatch")
 LOGGING_POINTS = (
     "rollout",

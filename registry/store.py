@@ -11,18 +11,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from . import codec, migrate
-from .binding import AliasIndex, Binding, normalize_framework
+from .binding import AliasIndex, Binding, BindingContext, normalize_framework, split_framework
 from .db import default_database_url, make_engine, make_session_factory
 from .dictionary import ensure_default_dictionary
 from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
-from .hparams import iter_typed, restore_value
+from .hparams import flatten, iter_typed, restore_value
 from .models import (
     RUN_STATUSES,
     VERDICTS,
@@ -61,6 +61,8 @@ class RegistrationResult:
     warnings: list[str] = field(default_factory=list)
     replaced: str | None = None
     summary: dict[str, float] = field(default_factory=dict)  # end-of-training summary, stored as scores
+    guessed: dict[str, str] = field(default_factory=dict)                # raw key -> framework the alias was taken from
+    binding: dict[str, Any] = field(default_factory=dict)                # the run's binding_info
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -164,6 +166,7 @@ class Registry:
             project=project or "default",
             algorithm=algorithm.upper() if algorithm else None,
             framework=normalize_framework(framework),
+            binding_info=_declared_binding_info(framework, algorithm),
             task=task,
             code_version=code_version,
             status=status,
@@ -239,7 +242,7 @@ class Registry:
         return cached[1]
 
     def _bind(
-        self, index: AliasIndex, key: str, framework: str | None, algorithm: str | None,
+        self, index: AliasIndex, key: str, context: BindingContext,
         overrides: Mapping[str, Mapping[str, Any]] | None,
     ) -> Binding:
         override = dict((overrides or {}).get(key) or {})
@@ -253,7 +256,7 @@ class Registry:
             except ValueError as exc:
                 raise InputError(f"metric {key!r}: {exc}") from None
         try:
-            return index.bind(key, framework, algorithm, override, definition=forced)
+            return index.bind(key, context, override=override, definition=forced)
         except KeyError:
             raise InputError(f"metric {key!r}: no definition named {forced!r}") from None
 
@@ -264,21 +267,25 @@ class Registry:
         """Append arrays to a run's series, creating and binding series on first sight."""
         existing = {s.key: s for s in session.scalars(select(Series).where(Series.run_id == run.id))}
         bindings = {}
+        context = None
         for key, sd in data.items():
             series = existing.get(key)
             if series is None:
-                binding = self._bind(index, key, run.framework, run.algorithm, overrides)
+                context = context or binding_context(run)
+                binding = self._bind(index, key, context, overrides)
                 bindings[key] = binding
                 series = Series(
                     run_id=run.id, key=key, definition_id=binding.definition_id,
                     definition_version=binding.definition_version, alias_framework=binding.alias_framework,
                     sign=binding.sign, semantics=binding.semantics, overrides=binding.overrides,
+                    provenance=binding.provenance, labels=binding.labels,
                 )
                 session.add(series)
                 session.flush()
             check_batch(key, sd.steps, sd.values, series.last_step, run.name)
             if len(sd.steps):
                 self._append_chunks(session, series, sd)
+        _record_binding_warnings(run, bindings.values())
         run.data_version += 1
         run.updated_at = utcnow()
         session.flush()
@@ -387,7 +394,9 @@ class Registry:
         warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
         with self.transaction() as session:
             index = self._alias_index(session)
-            fw = normalize_framework(framework or source.framework) or index.detect_framework(data)
+            info = resolve_framework(index, data, merged_params, framework, algorithm, source.framework,
+                                     source.algorithm, source.layout)
+            fw = info.get("framework")
             replaced = None
             if replace:
                 old = session.scalar(select(Run).where(Run.source_fingerprint == fp))
@@ -407,6 +416,7 @@ class Registry:
                 code_version=code_version,
                 status=status,
             )
+            run.binding_info = info
             run.source_format = source.format
             run.source_path = str(path)
             run.source_fingerprint = fp
@@ -421,10 +431,37 @@ class Registry:
                 series_count=len(data), point_count=builder.point_count - len(summary), summary=summary,
                 mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
-                warnings=warnings, replaced=replaced,
+                warnings=warnings + list(run.binding_info.get("warnings", [])), replaced=replaced,
+                guessed={k: b.alias_framework for k, b in bindings.items() if b.how == "guessed"},
+                binding=dict(run.binding_info),
             )
         _refresh_findings(self, result.run_id)
         return result
+
+    def register_all(self, path: str | Path, *, format: str | None = None, name: str | None = None,
+                     **options: Any) -> list[RegistrationResult]:
+        """Register every run a path holds: one run, or one per sub-directory of a TensorBoard
+        directory of runs (SB3's ``PPO_1/``, ``PPO_2/``; CleanRL's ``runs/<run name>/``).
+
+        Each run is registered in its own transaction; when one fails, the runs this call already
+        registered are deleted again, so the registry is left as it was, and the error names the run.
+        A run already registered is an error as for ``register`` (``replace=True`` re-registers).
+        """
+        from .importers import run_paths
+
+        paths = run_paths(Path(path), format)
+        if len(paths) == 1:
+            return [self.register(paths[0], format=format, name=name, **options)]
+        results: list[RegistrationResult] = []
+        try:
+            for run_path in paths:
+                results.append(self.register(run_path, format=format, **options))
+        except BaseException:
+            for done in results:
+                with contextlib.suppress(NotFoundError):
+                    self.delete_run(done.run_id)
+            raise
+        return results
 
     def register_arrays(
         self,
@@ -442,13 +479,18 @@ class Registry:
                   for k, v in data.items()}
         with self.transaction() as session:
             index = self._alias_index(session)
-            fw = normalize_framework(run_fields.pop("framework", None)) or index.detect_framework(series)
+            declared_algorithm = run_fields.pop("algorithm", None)
+            params = run_fields.pop("params", None)
+            info = resolve_framework(index, series, params or {}, run_fields.pop("framework", None),
+                                     declared_algorithm)
+            fw = info.get("framework")
             run = self._new_run(session, name=name, framework=fw, status=status,
                                 project=run_fields.pop("project", "default"),
-                                algorithm=run_fields.pop("algorithm", None), task=run_fields.pop("task", None),
-                                params=run_fields.pop("params", None), tags=run_fields.pop("tags", None),
+                                algorithm=declared_algorithm, task=run_fields.pop("task", None),
+                                params=params, tags=run_fields.pop("tags", None),
                                 code_version=run_fields.pop("code_version", None),
                                 run_id=run_fields.pop("run_id", None))
+            run.binding_info = info
             if run_fields:
                 raise TypeError(f"unknown run field(s): {', '.join(run_fields)}")
             if status != "running":
@@ -462,6 +504,9 @@ class Registry:
                 series_count=len(series), point_count=sum(len(s) for s in series.values()),
                 mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
+                warnings=list(run.binding_info.get("warnings", [])),
+                guessed={k: b.alias_framework for k, b in bindings.items() if b.how == "guessed"},
+                binding=dict(run.binding_info),
             )
         _refresh_findings(self, result.run_id)
         return result
@@ -693,6 +738,7 @@ def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
     if full:
         out["notes"] = run.notes
         out["source"] = {"format": run.source_format, "path": run.source_path, "fingerprint": run.source_fingerprint}
+        out["binding"] = dict(run.binding_info or {})
         out["checkpoints"] = [{"step": c.step, "uri": c.uri, "note": c.note} for c in run.checkpoints]
         out["series"] = [series_to_dict(s) for s in run.series]
     return out
@@ -709,6 +755,8 @@ def series_to_dict(s: Series) -> dict[str, Any]:
         "sign": s.sign,
         "semantics": s.semantics,
         "overrides": s.overrides,
+        "provenance": dict(s.provenance or {}),
+        "labels": dict(s.labels or {}),
         "count": s.count,
         "nan_count": s.nan_count,
         "inf_count": s.inf_count,
@@ -801,6 +849,79 @@ class RunHandle:
         except RegistryError:
             pass  # the original exception is the one worth seeing
         self.registry.set_status(self.id, "crashed")
+
+
+def _declared_binding_info(framework: str | None, algorithm: str | None) -> dict[str, Any]:
+    fw, version = split_framework(framework)
+    info: dict[str, Any] = {}
+    if fw:
+        info.update(framework=fw, framework_from="declared")
+        if version:
+            info["framework_version"] = version
+    if algorithm:
+        info.update(algorithm=algorithm.lower(), algorithm_from="declared")
+    return info
+
+
+def resolve_framework(
+    index: AliasIndex, keys: Any, params: Mapping[str, Any], declared: str | None, declared_algorithm: str | None,
+    format_framework: str | None = None, format_algorithm: str | None = None,
+    layout: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's framework and algorithm, each with where it came from (the run's ``binding_info``).
+
+    Declared beats the input format's own hint, which beats detection from the keys; the
+    algorithm used to pick per-algorithm aliases is declared, else named by the config, else detected.
+    """
+    from .config_semantics import algorithm_from_config
+
+    info = _declared_binding_info(declared, declared_algorithm)
+    detection = index.detect(keys)
+    if not info.get("framework") and format_framework:
+        fw, version = split_framework(format_framework)
+        info.update(framework=fw, framework_from="format")
+        if version:
+            info["framework_version"] = version
+    if not info.get("framework") and detection.framework:
+        info.update(framework=detection.framework, framework_from="detected")
+    if detection.framework or detection.confidence:
+        info["detection"] = {"framework": detection.framework, "confidence": detection.confidence,
+                             "algorithm": detection.algorithm, "evidence": detection.evidence}
+    if not info.get("algorithm"):
+        from_config = algorithm_from_config(info.get("framework"), flatten(params or {}))
+        if format_algorithm:
+            info.update(algorithm=format_algorithm.lower(), algorithm_from="format")
+        elif from_config:
+            info.update(algorithm=from_config[0], algorithm_from=f"config: {from_config[1]}")
+        elif detection.algorithm and detection.framework == info.get("framework"):
+            info.update(algorithm=detection.algorithm, algorithm_from="detected")
+    if layout:
+        info["layout"] = dict(layout)
+    return info
+
+
+def binding_context(run: Run) -> BindingContext:
+    """What binding needs to know about a run: framework, version, algorithm and flattened params."""
+    info = dict(run.binding_info or {})
+    params = {p.key: restore_value(p.value_type, p.num_value, p.text_value) for p in run.params}
+    return BindingContext(
+        framework=run.framework,
+        framework_version=info.get("framework_version"),
+        framework_from=info.get("framework_from"),
+        algorithm=info.get("algorithm") or (run.algorithm.lower() if run.algorithm else None),
+        algorithm_from=info.get("algorithm_from"),
+        params=params,
+    )
+
+
+def _record_binding_warnings(run: Run, bindings: Iterable[Binding]) -> None:
+    """Keep the config-vs-key warnings of newly bound series on the run (shown with it)."""
+    new = [w for b in bindings for w in b.warnings]
+    if not new:
+        return
+    info = dict(run.binding_info or {})
+    info["warnings"] = list(dict.fromkeys(list(info.get("warnings", [])) + new))
+    run.binding_info = info
 
 
 def open_registry(url: str | None = None) -> Registry:

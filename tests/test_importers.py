@@ -275,13 +275,17 @@ def test_wandb_csv_wide():
     assert source.format == "csv"
     series = by_key(source)
     assert "" not in series  # pandas index column
-    assert [p.step for p in series["train/loss"]] == [0, 1, 3, 4, 5]  # empty cell: no point
+    # Stepped by the trainer's train/global_step, not W&B's _step (a count of log calls).
+    assert [p.step for p in series["train/loss"]] == [10, 20, 30, 40, 50]
     assert math.isnan(series["train/loss"][2].value)
     assert series["train/kl"][3].value == math.inf
-    assert [(p.step, p.value) for p in series["eval/reward"]] == [(2, 0.47), (5, 0.58)]
+    # The eval row carries no train/global_step: it sits at the trainer step logged before it.
+    assert [(p.step, p.value) for p in series["eval/reward"]] == [(20, 0.47), (50, 0.58)]
+    assert any("1 row(s) without 'train/global_step' (first: line 4)" in w for w in source.warnings)
+    assert source.layout["step column"] == "train/global_step"
     assert series["train/loss"][0].wall_time == pytest.approx(1740912001.52)
-    assert "_timestamp" not in series and "_step" not in series
-    assert [p.value for p in series["train/global_step"]] == [10, 20, 30, 40, 50]
+    assert "_timestamp" not in series and "train/global_step" not in series
+    assert [p.value for p in series["_step"]] == [0, 1, 3, 4, 5]  # the logger's counter, kept as a metric
     assert series["eval/reward"][0].position == "line 4"
 
 
@@ -313,7 +317,7 @@ def test_wandb_jsonl():
     source = open_source(DATA / "wandb_history.jsonl")
     assert source.format == "jsonl"
     series = by_key(source)
-    assert [p.step for p in series["train/loss"]] == [0, 1, 3, 4]
+    assert [p.step for p in series["train/loss"]] == [10, 20, 30, 40]  # the trainer step, nested train.global_step
     assert math.isnan(series["train/loss"][2].value)
     assert series["train/kl"][-1].value == math.inf
     assert series["eval/reward"][0].position == "line 3"
@@ -322,8 +326,11 @@ def test_wandb_jsonl():
     assert series["train/loss"][0].wall_time == pytest.approx(1740912001.52)
     assert not any(k.startswith("_wandb") or k == "note" for k in series)
     assert source.warnings == [
-        "skipped non-numeric values in 2 keys: 'eval/completions/_type' (line 3), 'eval/completions/path' (line 3)"
+        f"{DATA / 'wandb_history.jsonl'}: 1 row(s) without 'train/global_step' (first: line 3) placed at the last "
+        "train/global_step logged before them (their own _step/_runtime counters left out)",
+        "skipped non-numeric values in 2 keys: 'eval/completions/_type' (line 3), 'eval/completions/path' (line 3)",
     ]
+    assert [p.step for p in series["eval/reward"]][0] == 20
 
 
 # --- detection, open_source, fingerprint ------------------------------------------------
@@ -354,9 +361,9 @@ def test_detection_goes_by_content_not_extension(tmp_path):
 
 def test_explicit_format_and_unknown_names():
     assert open_source(DATA / "wandb_history.csv", format="csv").format == "csv"
-    with pytest.raises(UnknownFormatError, match="known formats: tensorboard, trainer_state, verl_log, csv, jsonl"):
+    with pytest.raises(UnknownFormatError, match="known formats: tensorboard, trainer_state, verl_log, verl_file, csv, jsonl"):
         open_source(DATA / "wandb_history.csv", format="parquet")
-    assert list(IMPORTERS) == ["tensorboard", "trainer_state", "verl_log", "csv", "jsonl"]
+    assert list(IMPORTERS) == ["tensorboard", "trainer_state", "verl_log", "verl_file", "csv", "jsonl"]
 
 
 def test_missing_path():

@@ -100,7 +100,7 @@ def test_unknown_format_lists_the_formats(name):
     with pytest.raises(UnknownFormatError) as info:
         open_source(BROKEN / name)
     assert name in str(info.value)
-    assert "known formats: tensorboard, trainer_state, verl_log, csv, jsonl" in str(info.value)
+    assert "known formats: tensorboard, trainer_state, verl_log, verl_file, csv, jsonl" in str(info.value)
 
 
 def test_directory_without_event_files_is_unknown(tmp_path):

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Callable
 
 from registry.errors import InputError, UnknownFormatError
-from registry.importers import tabular, tensorboard, trainer_state, verl_log
+from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log
 from registry.importers.base import Point, Source
 from registry.importers.detect import detect_format
 
-__all__ = ["IMPORTERS", "Point", "Source", "fingerprint", "open_source"]
+__all__ = ["IMPORTERS", "Point", "Source", "fingerprint", "open_source", "run_paths"]
 
 IMPORTERS: dict[str, Callable[[Path], Source]] = {
     tensorboard.FORMAT: tensorboard.open_tensorboard,
     trainer_state.FORMAT: trainer_state.open_trainer_state,
     verl_log.FORMAT: verl_log.open_verl_log,
+    verl_file.FORMAT: verl_file.open_verl_file,
     tabular.CSV_FORMAT: tabular.open_csv,
     tabular.JSONL_FORMAT: tabular.open_jsonl,
 }
@@ -50,6 +51,17 @@ def open_source(path: Path | str, format: str | None = None) -> Source:
         if next(points, None) is None:
             raise InputError("no metric points found", str(path))
     return source
+
+
+def run_paths(path: Path | str, format: str | None = None) -> list[Path]:
+    """The runs a path holds: itself, or one sub-directory per run for a TensorBoard directory
+    laid out the way SB3 (``PPO_1/``, ``PPO_2/``) and CleanRL (``runs/<run name>/``) write them."""
+    path = Path(path)
+    if path.is_dir() and format in (None, tensorboard.FORMAT):
+        runs = tensorboard.run_directories(path)
+        if runs:
+            return runs
+    return [path]
 
 
 def fingerprint(source: Source) -> str:

@@ -32,6 +32,9 @@ class Source:
     name: str | None = None                  # run name hint
     task: str | None = None
     files: list[Path] = field(default_factory=list)  # files read, for the content fingerprint
+    # How the input was laid out, recorded on the run: the step column chosen, an envelope
+    # stripped from every key (verl's file backend), a partial last line left out.
+    layout: dict[str, Any] = field(default_factory=dict)
     # Things skipped without failing (non-numeric values, text columns). Importers that
     # skip while streaming fill this in during a pass over points(), so read it after
     # one full pass; each pass starts it afresh.

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Callable
 
 from registry.errors import UnknownFormatError
-from registry.importers import tabular, tensorboard, trainer_state, verl_log
+from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log
 from registry.importers.textio import read_head
 
 # In the order they are tried; cheap checks on the head before the verl log scan.
 SNIFFERS: tuple[tuple[str, Callable[[Path, bytes], bool]], ...] = (
     (tensorboard.FORMAT, tensorboard.sniff),
     (trainer_state.FORMAT, trainer_state.sniff),
+    (verl_file.FORMAT, verl_file.sniff),
     (tabular.JSONL_FORMAT, tabular.sniff_jsonl),
     (tabular.CSV_FORMAT, tabular.sniff_csv),
     (verl_log.FORMAT, verl_log.sniff),

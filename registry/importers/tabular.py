@@ -74,17 +74,17 @@ def sniff_jsonl(path: Path, head: bytes) -> bool:
 
 def open_csv(path: Path) -> Source:
     """A Source over a wide or long CSV file."""
-    source = Source(path=path, format=CSV_FORMAT, points=lambda: iter(()), name=path.stem or None, files=[path])
+    source = Source(path=path, format=CSV_FORMAT, points=lambda: iter(()), name=_run_name(path), files=[path])
 
     def points() -> Iterator[Point]:
         source.warnings.clear()
-        yield from _csv_points(path, source.warnings)
+        yield from _csv_points(path, source.warnings, source.layout)
 
     source.points = points
     return source
 
 
-def _csv_points(path: Path, warnings: list[str]) -> Iterator[Point]:
+def _csv_points(path: Path, warnings: list[str], recorded: dict[str, Any]) -> Iterator[Point]:
     name = str(path)
     lines = (text for _, text in numbered_lines(path))
     reader = csv.reader(lines)
@@ -93,6 +93,7 @@ def _csv_points(path: Path, warnings: list[str]) -> Iterator[Point]:
         if header is None:
             return
         layout = _Layout(header, name)
+        recorded["step column"] = header[layout.step].strip()
         for row in reader:
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
@@ -100,8 +101,16 @@ def _csv_points(path: Path, warnings: list[str]) -> Iterator[Point]:
             if len(row) != len(header):
                 raise InputError(f"row has {len(row)} cells but the header has {len(header)}", name, position)
             yield from layout.points(row, position, warnings)
+        warnings.extend(layout.stepless_report(name, header[layout.step].strip()))
     except csv.Error as exc:
         raise InputError(f"malformed CSV ({exc})", name, f"line {reader.line_num}") from None
+
+
+def _run_name(path: Path) -> str | None:
+    """The file's stem, or its directory's name for a logger's fixed file name (SB3's progress.csv)."""
+    if path.stem.lower() in ("progress", "metrics", "history", "wandb_history") and path.parent.name:
+        return path.parent.name
+    return path.stem or None
 
 
 class _Layout:
@@ -133,9 +142,24 @@ class _Layout:
             self.key, self.value = names.index(key), names.index(value)
         self.metrics = others
         self.numeric: dict[int, bool] = {}  # wide column -> numeric?, decided on first value
+        # A trainer step column next to W&B's own counter: a row without the trainer step
+        # (a summary or system row) has no place on the trainer's axis.
+        self.counter = pick_column(names, ("_step",))
+        self.carry = _StepCarry() if self.counter is not None and self.counter != step else None
+
+    def stepless_report(self, source: str, step_name: str) -> list[str]:
+        return self.carry.report(source, step_name) if self.carry else []
 
     def points(self, row: list[str], position: str, warnings: list[str]) -> Iterator[Point]:
-        step = as_step(row[self.step], self.source, self._at(position, self.step))
+        carried = self.carry is not None and not row[self.step].strip()
+        if carried:
+            step = self.carry.missing(position)
+            if step is None:
+                return
+        else:
+            step = as_step(row[self.step], self.source, self._at(position, self.step))
+            if self.carry is not None:
+                self.carry.last = step
         wall = self._wall_time(row, position)
         if self.long:
             cell = row[self.value].strip()
@@ -147,8 +171,8 @@ class _Layout:
             return
         for column in self.metrics:
             cell = row[column].strip()
-            if not cell:
-                continue
+            if not cell or (carried and self.header[column].strip().startswith("_")):
+                continue  # a carried row's own logger counters (_step, _runtime) would clash
             if column not in self.numeric:
                 self.numeric[column] = parse_number(cell) is not None
                 if not self.numeric[column]:
@@ -174,6 +198,31 @@ class _Layout:
         return f"{position}, column {self.header[column].strip()!r}"
 
 
+class _StepCarry:
+    """W&B rows without the trainer's step (the Trainer logs eval results in their own call)
+    are placed at the last trainer step logged before them: the step training was at. Rows
+    before any trainer step have no place on that axis and are left out; both are reported."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.placed: list[str] = []
+        self.dropped: list[str] = []
+
+    def missing(self, position: str) -> int | None:
+        (self.placed if self.last is not None else self.dropped).append(position)
+        return self.last
+
+    def report(self, source: str, step_name: str) -> list[str]:
+        out = []
+        if self.placed:
+            out.append(f"{source}: {len(self.placed)} row(s) without {step_name!r} (first: {self.placed[0]}) placed "
+                       f"at the last {step_name} logged before them (their own _step/_runtime counters left out)")
+        if self.dropped:
+            out.append(f"{source}: {len(self.dropped)} row(s) before the first {step_name!r} (first: "
+                       f"{self.dropped[0]}) have no place on the trainer's step axis; left out")
+        return out
+
+
 def _is_index_column(name: str) -> bool:
     return name == "" or name.startswith("Unnamed: ")
 
@@ -182,12 +231,12 @@ def _is_index_column(name: str) -> bool:
 
 def open_jsonl(path: Path) -> Source:
     """A Source over a JSON Lines file, one object per logging call."""
-    source = Source(path=path, format=JSONL_FORMAT, points=lambda: iter(()), name=path.stem or None, files=[path])
+    source = Source(path=path, format=JSONL_FORMAT, points=lambda: iter(()), name=_run_name(path), files=[path])
 
     def points() -> Iterator[Point]:
         source.warnings.clear()
         skipped: dict[str, str] = {}
-        yield from _jsonl_points(path, skipped)
+        yield from _jsonl_points(path, skipped, source.layout, source.warnings)
         if skipped:
             shown = ", ".join(f"{k!r} ({where})" for k, where in list(skipped.items())[:10])
             source.warnings.append(f"skipped non-numeric values in {len(skipped)} keys: {shown}")
@@ -196,23 +245,40 @@ def open_jsonl(path: Path) -> Source:
     return source
 
 
-def _jsonl_points(path: Path, skipped: dict[str, str]) -> Iterator[Point]:
+def _jsonl_points(path: Path, skipped: dict[str, str], recorded: dict[str, Any] | None = None,
+                  warnings: list[str] | None = None) -> Iterator[Point]:
     name = str(path)
     step_key: str | None = None
+    carry: _StepCarry | None = None
     for number, text in numbered_lines(path):
         if not text.strip():
             continue
         position = f"line {number}"
         row = _json_object(text, name, position)
+        flat = dict(_flatten(row))
         if step_key is None:
-            step_key = pick_column(list(row), STEP_NAMES)
+            step_key = pick_column(list(flat), STEP_NAMES)
             if step_key is None:
                 raise InputError("no step key (expected one of: " + ", ".join(STEP_NAMES) + ")", name, position)
-        if step_key not in row:
-            raise InputError(f"no {step_key!r} in this line", name, position)
-        step = as_step(row[step_key], name, position)
+            if recorded is not None:
+                recorded["step column"] = step_key
+            if step_key != "_step" and "_step" in flat:
+                carry = _StepCarry()
+        carried = flat.get(step_key) is None
+        if carried:
+            if carry is None:
+                raise InputError(f"no {step_key!r} in this line", name, position)
+            step = carry.missing(position)
+            if step is None:
+                continue
+            # A carried row's own logger counters (_step, _runtime) would clash with the row it joins.
+            flat = {k: v for k, v in flat.items() if not k.startswith("_")}
+        else:
+            step = as_step(flat[step_key], name, position)
+            if carry is not None:
+                carry.last = step
         wall = _json_wall_time(row, name, position)
-        for key, value in _flatten(row):
+        for key, value in flat.items():
             if key == step_key or key.lower() in WALL_TIME_NAMES or key.startswith("_wandb"):
                 continue
             number = _json_number(value, name, position)
@@ -220,6 +286,8 @@ def _jsonl_points(path: Path, skipped: dict[str, str]) -> Iterator[Point]:
                 yield Point(key, step, number, wall, position)
             elif value is not None:
                 skipped.setdefault(key, position)
+    if carry is not None and warnings is not None:
+        warnings.extend(carry.report(name, step_key))
 
 
 def _json_object(text: str, source: str, position: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ Positions are ``"record N"``, counting the file's records from 1 (record 1 is th
 """
 from __future__ import annotations
 
+import re
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -66,17 +67,61 @@ def open_tensorboard(path: Path) -> Source:
                         yield Point(key, int(event.step), value, event.wall_time, f"record {record}")
 
     tags = {tag for run_tags in scan.tags_by_dir.values() for tag in run_tags}
+    run_dir = path if path.is_dir() else path.parent
+    params = dict(scan.params)
+    named = cleanrl_run_name(run_dir.name)
+    layout: dict[str, Any] = {}
+    if scan.text_params:
+        layout["hyperparameters"] = "CleanRL 'hyperparameters' text summary read as params"
+        for key, value in scan.text_params.items():
+            params.setdefault(key, value)
+    if named:
+        layout["run name"] = "{env_id}__{exp_name}__{seed}__{time}"
+        params.setdefault("seed", named["seed"])
+        params.setdefault("exp_name", named["exp_name"])
+    framework = framework_hint(tags)  # bare tags: PPO_1/ and PPO_2/ prefixes must not hide SB3
+    if framework is None and scan.text_params and named:
+        framework = "cleanrl"
     return Source(
         path=path,
         format=FORMAT,
         points=points,
-        params=scan.params,
-        framework=framework_hint(tags),  # bare tags: PPO_1/ and PPO_2/ prefixes must not hide SB3
-        name=(path if path.is_dir() else path.parent).name or None,
-        task=_task(scan.params),
+        params=params,
+        framework=framework,
+        name=run_dir.name or None,
+        task=_task(params) or (named or {}).get("env_id"),
         files=files,
         warnings=scan.warnings,
+        layout=layout,
     )
+
+
+# CleanRL: run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}" (cleanrl/ppo.py).
+_CLEANRL_RUN = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<time>\d{9,})$")
+_RUN_SPLITS = {"train", "eval", "evaluation", "validation", "val", "test"}
+
+
+def cleanrl_run_name(name: str) -> dict[str, Any] | None:
+    """``CartPole-v1__ppo__1__1700000000`` -> env_id, exp_name, seed, time; None for other names."""
+    m = _CLEANRL_RUN.match(name)
+    if not m:
+        return None
+    return {"env_id": m["env_id"], "exp_name": m["exp_name"], "seed": int(m["seed"]), "time": int(m["time"])}
+
+
+def run_directories(directory: Path) -> list[Path]:
+    """Sub-directories that are separate runs (SB3's ``PPO_1/``, CleanRL's ``runs/<name>/``), or [].
+
+    A directory is several runs when it has no event file of its own and at least two of its
+    immediate sub-directories hold event files, none of them named like a split of one run
+    (TensorFlow's ``train/`` and ``eval/``).
+    """
+    if any(p.is_file() and EVENT_FILE_MARK in p.name for p in directory.iterdir()):
+        return []
+    subdirs = sorted(p for p in directory.iterdir() if p.is_dir() and event_files(p))
+    if len(subdirs) < 2 or any(p.name.lower() in _RUN_SPLITS for p in subdirs):
+        return []
+    return subdirs
 
 
 def event_files(directory: Path) -> list[Path]:
@@ -159,6 +204,7 @@ def _tensor_scalar(tensor: Any) -> float | None:
 class _Scan:
     tags_by_dir: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     params: dict[str, Any] = field(default_factory=dict)
+    text_params: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -180,6 +226,7 @@ def _scan(files: list[Path], root: Path) -> _Scan:
                 elif (run_dir, tag) not in not_scalar:
                     not_scalar.add((run_dir, tag))
                     scan.warnings.append(f"{file}, record {record}: tag {tag!r} is not a single number; skipped")
+            scan.text_params.update(_text_hparams(event))
             for name, value in _hparams(event, file, record):
                 if name in scan.params and scan.params[name] != value:
                     scan.warnings.append(
@@ -204,6 +251,37 @@ def _hparams(event: event_pb2.Event, file: Path, record: int) -> Iterator[tuple[
         for name, hparam in sorted(data.session_start_info.hparams.items()):
             # number_value is a double whatever the writer had; 2048 comes back as 2048.0.
             yield name, MessageToDict(hparam)
+
+
+def _text_hparams(event: event_pb2.Event) -> dict[str, Any]:
+    """CleanRL's ``writer.add_text("hyperparameters", "|param|value|\\n|-|-|\\n|key|value|...")`` as params."""
+    out: dict[str, Any] = {}
+    for value in event.summary.value:
+        if value.tag not in ("hyperparameters", "hyperparameters/text_summary"):
+            continue
+        if value.metadata.plugin_data.plugin_name != "text" or not value.tensor.string_val:
+            continue
+        text = value.tensor.string_val[0].decode("utf-8", errors="replace")
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) != 2 or cells[0] in ("param", "-", "") or set(cells[0]) <= {"-"}:
+                continue
+            out[cells[0]] = _typed(cells[1])
+    return out
+
+
+def _typed(text: str) -> Any:
+    """A text cell as the Python value CleanRL printed: True/False/None, ints, floats, else text."""
+    if text in ("True", "False"):
+        return text == "True"
+    if text == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _run_dir(file: Path, root: Path) -> str:

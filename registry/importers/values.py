@@ -13,7 +13,11 @@ from registry.errors import InputError
 # Names a step axis goes by, in order of preference when a file has several. W&B's
 # ``_step`` only counts logging calls, so it is the last resort: a CleanRL run synced to
 # W&B also has ``global_step``, the environment-step axis the curves are meant on.
-STEP_NAMES = ("step", "global_step", "timesteps", "timestep", "iteration", "_step")
+# The trainer's own step comes before a logger's counter: transformers' W&B callback logs
+# ``train/global_step`` with every call, SB3's logger ``time/total_timesteps``; W&B's ``_step``
+# counts log calls (eval and train calls alike), so it is the last resort.
+STEP_NAMES = ("step", "train/global_step", "global_step", "time/total_timesteps", "timesteps", "timestep",
+              "iteration", "_step")
 # Wall-clock columns: W&B ``_timestamp``, TensorBoard's CSV export "Wall time".
 WALL_TIME_NAMES = ("wall_time", "_timestamp", "timestamp", "wall time")
 

@@ -20,6 +20,7 @@ from ..errors import FilterSyntaxError, InputError, NotFoundError
 from ..filters import ORDERABLE
 from ..health import findings_for_runs
 from ..models import RUN_STATUSES, VERDICTS
+from ..binding import binding_summary, provenance_caption, provenance_lines
 from ..semantics import LAYERS, QUANTITIES
 from . import get_registry, panels, queries
 from .security import write_access_required
@@ -254,7 +255,24 @@ def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Map
         "window": window,
         "overridden": sorted((series.get("overrides") or {}).keys()),
         "alias_framework": series.get("alias_framework"),
+        "provenance": provenance_caption(series.get("provenance")),
+        "provenance_lines": provenance_lines(series.get("provenance")),
+        "guessed": (series.get("provenance") or {}).get("how") == "guessed",
+        "labels": dict(series.get("labels") or {}),
     }
+
+
+def _semantics_with_origin(members: list[Any]) -> str:
+    """A semantic group's caption, with where its non-default fields came from
+    (``from config: kl_loss_type=low_var_kl``) and any guessed binding, per run when they differ."""
+    text = describe_semantics(members[0].series.get("semantics"))
+    origins = {m.run["name"]: provenance_caption(m.series.get("provenance")) for m in members}
+    distinct = {o for o in origins.values() if o}
+    if len(distinct) == 1 and all(origins.values()):
+        text += f" ({distinct.pop()})"
+    elif distinct:
+        text += " (" + "; ".join(f"{name}: {o}" for name, o in origins.items() if o) + ")"
+    return text
 
 
 def _q(params: Mapping[str, Any]) -> str:
@@ -303,6 +321,9 @@ def run_dashboard(ref: str):
     return render_template(
         "run.html", run=run, layers=layers, unmapped=unmapped, opts=opts, flagged=flagged, in_range=in_range,
         nonfinite=nonfinite, methods=METHOD_LABELS,
+        binding_lines=[line for line in binding_summary(run.get("binding")) if not line.startswith("WARNING: ")],
+        binding_warnings=list((run.get("binding") or {}).get("warnings") or []),
+        guessed=[s["key"] for s in run["series"] if (s.get("provenance") or {}).get("how") == "guessed"],
         diagnosis=diagnosis, similar=panels.similar_panel(reg, run),
         compare_with=[run["id"]], open_diagnostic=any(c.get("mark") for c in layers.get("diagnostic", [])),
         sim_args={k: v for k, v in request.args.items() if k.startswith("sim_") or k == "sim"},
@@ -372,8 +393,8 @@ def compare():
                           "json": url_for("plots.compare_data", fmt="json") + "?" + _q(nparams)})
         sections.setdefault(comp.layer, []).append({
             "comp": comp, "plots": plots, "definition": comp.definition,
-            "semantics": [(describe_semantics(sem_members[0].series.get("semantics")),
-                           [m.run["name"] for m in sem_members]) for _, sem_members in comp.semantic_groups],
+            "semantics": [(_semantics_with_origin(sem_members), [m.run["name"] for m in sem_members])
+                          for _, sem_members in comp.semantic_groups],
         })
     diff_rows, same_keys = hyperparameter_diff(details) if len(details) > 1 else ([], [])
     warnings = [(c.name, w) for c in comps for w in c.warnings]

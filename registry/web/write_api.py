@@ -49,6 +49,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from ..dictionary import get_definition, update_definition
 from ..errors import AlreadyRegisteredError, InputError
+from ..importers import run_paths
 from ..models import IngestBatch, Run
 from ..series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
 from . import get_registry
@@ -358,6 +359,7 @@ def upload_root() -> Path:
     return root
 
 
+
 def _display_name(filename: str | None) -> str:
     """The client's file name for messages: its last component, printable, at most 100 characters."""
     name = (filename or "").replace("\\", "/").rsplit("/", 1)[-1]
@@ -562,8 +564,10 @@ def upload() -> tuple[Response, int]:
             default_name = source_path.name if source_path != tree else re.sub(
                 r"(\.tar)?\.(zip|tar|tgz|gz|bz2|xz)$", "", shown, flags=re.I) or shown
         name = (request.form.get("name") or "").strip() or default_name
+        if len(run_paths(source_path, fmt)) > 1:
+            name = None  # a directory of runs: each run keeps its sub-directory's name
         try:
-            result = get_registry().register(
+            results = get_registry().register_all(
                 source_path, format=fmt, name=name, project=(request.form.get("project") or "").strip() or "default",
                 algorithm=(request.form.get("algorithm") or "").strip() or None,
                 framework=(request.form.get("framework") or "").strip() or None,
@@ -580,9 +584,13 @@ def upload() -> tuple[Response, int]:
     finally:
         if not ok:
             shutil.rmtree(workdir, ignore_errors=True)
-    _audit("upload", result.run_id)
+    result = results[0]
+    for registered in results:
+        _audit("upload", registered.run_id)
     out = clean(result.to_dict())
     out["file"] = shown
+    if len(results) > 1:
+        out["runs"] = [clean(r.to_dict()) for r in results]
     response = jsonify(out)
     response.headers["Location"] = url_for("api.run", ref=result.run_id)
     return response, 201
