@@ -4,7 +4,7 @@ Everything is built locally: a character-level tokenizer, a 2-layer Qwen2 model 
 weights, and an in-memory prompt dataset of one-digit additions. Nothing is downloaded.
 
 Usage: python trl_grpo_tiny.py OUT_DIR [--beta 0.04] [--num-iterations 1] [--max-steps 20]
-       [--learning-rate 1e-3] [--epsilon 0.2] [--save-steps 10] [--seed 0]
+       [--learning-rate 1e-3] [--epsilon 0.2] [--save-steps 10] [--eval-steps 0] [--seed 0]
 Writes OUT_DIR/runs/<time>_<host>/events.out.tfevents.* (TensorBoard callback),
 OUT_DIR/checkpoint-*/trainer_state.json (Trainer checkpoints), OUT_DIR/config.json (GRPOConfig used)
 and OUT_DIR/trainer_state_after_train.json (trainer.state saved after train() returned).
@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--epsilon", type=float, default=0.2)
+    p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps on 8 held-out prompts (0: no eval)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
 
@@ -97,6 +98,7 @@ def main() -> None:
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     dataset = build_dataset(64, a.seed)
+    eval_dataset = build_dataset(8, a.seed + 1) if a.eval_steps else None
 
     args = GRPOConfig(
         output_dir=a.out_dir,
@@ -118,12 +120,16 @@ def main() -> None:
         bf16=False,
         seed=a.seed,
         dataloader_num_workers=0,
+        eval_strategy="steps" if a.eval_steps else "no",
+        eval_steps=a.eval_steps or None,
+        per_device_eval_batch_size=4,
     )
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=[accuracy_reward, length_reward],
         args=args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=tokenizer,
     )
     trainer.train()
