@@ -9,6 +9,8 @@ Fields:
 - ``score.NAME`` (a final score of the outcome);
 - ``metric.NAME.STAT`` with STAT one of first, last, min, max, mean, count, nan_count
   (NAME a canonical metric name or a raw key);
+- ``label.NAME`` (a series of the run whose templated key captured that label:
+  ``label.data_source=openai/gsm8k``, ``label.reward_func_name~format``);
 - anything else is a hyperparameter (dotted keys as flattened: ``optim.lr``), also
   reachable as ``param.KEY``.
 Operators: ``= != < <= > >= ~`` (``~`` is "contains"), and ``FIELD in (a, b)``.
@@ -147,6 +149,17 @@ def _metric_condition(field: str, op: str, value: _Value) -> ColumnElement:
                                           COMPARATORS[op](column, value.value)))
 
 
+def _label_condition(name: str, op: str, value: _Value) -> ColumnElement:
+    """The run has a series whose templated key captured ``name`` with that value
+    (``label.data_source=openai/gsm8k``, ``label.reward_func_name~format``)."""
+    if not name or op in ("<", "<=", ">", ">="):
+        raise ValueError("label.NAME takes =, != or ~")
+    column = Series.labels[name].as_string()
+    has = exists(select(Series.id).where(
+        Series.run_id == Run.id, _text_compare(column, "~" if op == "~" else "=", value)))
+    return not_(has) if op == "!=" else has
+
+
 def _metric_stat_column(field: str) -> tuple[str, str, Any]:
     """(name, stat, column expression) of a ``metric.NAME.STAT`` field."""
     _, rest = field.split(".", 1)
@@ -210,6 +223,8 @@ def _comparison(field: str, op: str, value: _Value) -> ColumnElement:
             COMPARATORS[op](OutcomeScore.value, value.value)))
     if lowered.startswith("metric."):
         return _metric_condition(field, op, value)
+    if lowered.startswith("label."):
+        return _label_condition(field[6:], op, value)
     key = field[6:] if lowered.startswith("param.") else field
     return _param_condition(key, op, value)
 

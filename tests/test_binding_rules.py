@@ -13,7 +13,7 @@ from registry import Registry
 from registry.auth import create_token, create_user
 from registry.binding import AliasIndex
 from registry.cli import cli, shipped_alias_index
-from registry.errors import InputError
+from registry.errors import FilterSyntaxError, InputError
 from registry.importers import open_source
 from registry.keycheck import check_key_lists, read_key_list, unbound_keys
 from registry.web import create_app
@@ -367,3 +367,17 @@ def test_index_detects_each_framework_from_its_pinned_keys():
     for name, framework in (("verl.txt", "verl"), ("trl-grpo.txt", "trl"), ("openrlhf.txt", "openrlhf"),
                             ("stable-baselines3.txt", "stable-baselines3"), ("cleanrl.txt", "cleanrl")):
         assert index.detect(read_key_list(KEY_LISTS / name).keys).framework == framework, name
+
+
+def test_runs_filter_on_series_labels(registry: Registry):
+    registry.register_arrays("gsm8k-run", {"val-core/openai/gsm8k/acc/mean@4": ([1], [0.5])}, framework="verl")
+    registry.register_arrays("math-run", {"val-core/lighteval/MATH/acc/mean@4": ([1], [0.3])}, framework="verl")
+    registry.register_arrays("judge-run", {"rewards/format_judge/mean": ([1], [0.3])}, framework="trl",
+                             algorithm="grpo")
+    names = lambda where: sorted(r["name"] for r in registry.list_runs(where=where)[0])  # noqa: E731
+    assert names("label.data_source=openai/gsm8k") == ["gsm8k-run"]
+    assert names("label.data_source ~ MATH and label.n=4") == ["math-run"]
+    assert names("label.reward_func_name~format") == ["judge-run"]
+    assert names("not label.data_source=openai/gsm8k") == ["judge-run", "math-run"]
+    with pytest.raises(FilterSyntaxError, match="label.NAME takes"):
+        registry.list_runs(where="label.n>3")
