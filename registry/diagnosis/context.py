@@ -13,12 +13,15 @@ from .types import Curve, Finding, MetricInfo
 
 class Context:
     def __init__(self, curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
-                 settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None):
+                 settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None,
+                 hp: Any = None):
         self.curves = {k: (c if isinstance(c, Curve) else Curve(*c)) for k, c in curves.items()}
         self.metrics = dict(metrics)
         self.s = settings
         self.checkpoints = sorted(int(c) for c in checkpoints)
         self.baseline = baseline
+        #: The run's hyper-parameters as read for diagnosis (a RunSettings).
+        self.hp = hp
         self.findings: list[Finding] = []
         self._series: dict[str, Series | None] = {}
         firsts = [int(c.steps[0]) for c in self.curves.values() if len(c)]

@@ -19,5 +19,6 @@ def metric_infos_from_definitions(definitions: Iterable[Mapping[str, Any]], task
         lo, hi = healthy_range_for(d, task)
         out[str(d["name"])] = MetricInfo(
             name=str(d["name"]), layer=str(d.get("layer") or "diagnostic"), healthy_low=lo, healthy_high=hi,
-            smoothing_window=int(d.get("smoothing_window") or 10), higher_is_better=d.get("higher_is_better"))
+            smoothing_window=int(d.get("smoothing_window") or 10), higher_is_better=d.get("higher_is_better"),
+            quantity=d.get("quantity"))
     return out

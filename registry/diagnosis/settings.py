@@ -210,6 +210,13 @@ class DiagnosisSettings:
     baseline_margin: float = 0.25
     baseline_warning_widths: float = 1.0
     baseline_min_points: int = 3
+    #: A baseline learned from fewer healthy runs is weak: its deviations are only info.
+    baseline_min_runs: int = 3
+    #: The band width used to measure a deviation is at least this many times the healthy
+    #: runs' logging noise, and at least ``baseline_rel_floor`` of the level (a saturated
+    #: metric's band has zero width).
+    baseline_noise_floor: float = 2.0
+    baseline_rel_floor: float = 0.01
     #: For a metric whose definition has no healthy range, the baseline's bands (early and
     #: mid together) widened by this many band widths on each side serve as one.
     baseline_range_widen: float = 1.0
@@ -217,6 +224,29 @@ class DiagnosisSettings:
     # --- joint readings ----------------------------------------------------------------------
     #: Findings overlap when their step ranges are within this fraction of the run's span.
     joint_overlap_frac: float = 0.05
+
+    # --- causes from the run's own settings and metrics (registry/diagnosis/causes.py) -----
+    #: A setting counts as far from its reference (the task's healthy runs, else the
+    #: framework default) at this factor above or below it.
+    cause_setting_factor: float = 3.0
+    #: KL to the old policy below this fraction of its healthy high is "small".
+    cause_kl_small_frac: float = 0.2
+    #: Entropy "stayed" when its late level is at least this fraction of its early level ...
+    cause_entropy_kept_frac: float = 0.9
+    #: ... and "fell" when its late level is below this fraction of the early level.
+    cause_entropy_fell_frac: float = 0.5
+    #: An entropy coefficient at or above this is large (SB3's default is 0, TRL/verl use 0-0.001).
+    cause_ent_coef_large: float = 0.05
+    #: A reward equal to one value at this share of its points never changed (sparse reward).
+    cause_constant_share: float = 0.9
+
+    # --- honest uncertainty ---------------------------------------------------------------
+    #: A metric with fewer logged points than this is "not enough data to judge".
+    min_points_to_judge: int = 8
+    #: Finding confidence: low below ``confidence_medium_points`` points of its metric,
+    #: medium below ``confidence_high_points``, else high.
+    confidence_medium_points: int = 12
+    confidence_high_points: int = 30
 
     #: Per-metric ranges used when the metric's definition has none: name -> (low, high).
     fallback_ranges: Mapping[str, tuple[float | None, float | None]] = field(
