@@ -338,6 +338,13 @@ def rank_causes(ctx: Context, f: Finding) -> None:
                 f"(a sparse reward that exploration has not found)", 0.8,
                 [f"{100 * ctx.s.cause_constant_share:.0f}% or more of the logged returns equal {const:g}"],
                 "explore more (entropy bonus, longer rollouts) or shape the reward"))
+    elif d == "truncation":
+        mx = hp.get("max_response_length")
+        if mx is not None:
+            specific = [Cause("max_response_length_small", f"the maximum response length is too short: "
+                              f"{mx.describe()}", 0.55, [mx.describe()],
+                              f"raise the maximum response length above {mx.value:g} (or mask truncated "
+                              f"completions)")]
     elif d in ("value_loss_flat",):
         specific = [lr_low(*args)]
     elif d in ("signal_collapse",):

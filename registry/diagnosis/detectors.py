@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .context import Context
+from .extra_detectors import EXTRA_DETECTORS
 from .signal import (mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
                      shift, window_ends)
 from .types import Finding
@@ -834,5 +835,5 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("advantage_drift", detect_advantage_drift),
     ("grad_norm_spikes", detect_grad_spikes),
     ("policy_loss_growing", detect_policy_loss_growing),
-)
+) + EXTRA_DETECTORS
 DETECTOR_IDS = tuple(d for d, _ in DETECTORS) + ("baseline_deviation",)

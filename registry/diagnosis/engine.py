@@ -68,10 +68,11 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
 
 def _coverage(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
     """Which roles had enough points to be judged, and which were present with too few."""
-    need = ctx.s.min_points_to_judge
     not_judged: list[dict[str, Any]] = []
     checked: list[str] = []
     for role, label in ROLE_CHECKS.items():
+        # Evaluations are logged rarely by design: a handful of them is a judgeable curve.
+        need = ctx.s.min_points_to_judge if role != "eval_reward" else max(3, ctx.s.min_points_to_judge // 2)
         names = [m for m in METRIC_ROLES.get(role, ()) if ctx.series(m) is not None]
         if not names:
             continue
@@ -139,7 +140,7 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                                   f"{st.cause_setting_factor:g}x or more: compare the curves",
                 detected_at=end, layer="comparison")
             f.causes = [Cause("setting_differs", s.describe(), 0.5, [s.describe()],
-                              f"align {s.knob} with the healthy runs ({s.healthy:g})") for s in differing]
+                              f"align {s.name} with the healthy runs ({s.healthy:g})") for s in differing]
             f.causes += [Cause("generic", t, 0.15) for t in f.likely_causes]
             f.likely_causes = [c.text for c in f.causes]
             if weak:

@@ -103,6 +103,12 @@ class Setting:
     framework: str | None = None
     healthy: float | None = None     # median of the task's healthy runs, when known
     healthy_n: int = 0
+    key: str | None = None           # the run's own key for it ("num_iterations", "actor...clip_ratio")
+
+    @property
+    def name(self) -> str:
+        """The name the run's framework uses (its key's last part), else the knob."""
+        return self.key.rsplit(".", 1)[-1] if self.key else self.knob
 
     def ratio(self) -> float | None:
         """value / reference (healthy runs' median first, else the framework default); None if either is 0."""
@@ -117,7 +123,7 @@ class Setting:
 
     def describe(self) -> str:
         """``clip_range = 0.02, 10x below the SB3 default 0.2``."""
-        text = f"{self.knob} = {_fmt(self.value)}"
+        text = f"{self.name} = {_fmt(self.value)}"
         parts = []
         if self.default is not None:
             parts.append(_compare(self.value, self.default, f"the {FRAMEWORK_LABELS.get(self.framework or '', self.framework or '')} default"))
@@ -126,7 +132,7 @@ class Setting:
         return text + (f", {'; '.join(parts)}" if parts else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"knob": self.knob, "value": self.value, "source": self.source, "default": self.default,
+        return {"knob": self.knob, "key": self.key, "value": self.value, "source": self.source, "default": self.default,
                 "default_source": self.default_source, "framework": self.framework, "healthy": self.healthy,
                 "healthy_n": self.healthy_n, "text": self.describe()}
 
@@ -227,9 +233,9 @@ def read_settings(params: Mapping[str, Any] | None, framework: str | None = None
             found = _find(params, FRAMEWORK_KEYS[fw][knob], suffix=False)
         if found is None:
             found = _find(params, GENERIC_KEYS[knob], suffix=True)
-        source = None
+        source = key = None
         if found is not None:
-            source, value = f"hyperparameter '{found[0]}'", found[1]
+            source, value, key = f"hyperparameter '{found[0]}'", found[1], found[0]
         elif curves is not None and KNOB_SERIES.get(knob) in curves:
             c = curves[KNOB_SERIES[knob]]
             v = c.values[np.isfinite(c.values)] if len(c) else np.zeros(0)
@@ -240,7 +246,7 @@ def read_settings(params: Mapping[str, Any] | None, framework: str | None = None
         default = FRAMEWORK_DEFAULTS.get(fw or "", {}).get(knob)
         hv = [float(x) for x in (healthy_params or {}).get(knob, []) if _number(x) is not None]
         out.settings[knob] = Setting(knob, value, source, default, DEFAULT_SOURCES.get(fw or "") if default is not None
-                                     else None, fw, float(np.median(hv)) if hv else None, len(hv))
+                                     else None, fw, float(np.median(hv)) if hv else None, len(hv), key)
     return out
 
 

@@ -40,10 +40,15 @@ METRIC_ROLES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("grad_norm",),
     "policy_loss": ("policy_loss",),
     "learning_rate": ("learning_rate",),
+    "truncation": ("response_truncation_rate",),
+    "zero_std_frac": ("reward_zero_std_fraction",),
+    "kl_coef": ("kl_coef",),
+    "eval_reward": ("eval_reward_mean",),
 }
 FIRST_ONLY_ROLES = frozenset({"reward", "kl_update", "length", "value_loss", "explained_variance",
                               "advantage_mean", "advantage_std", "grad_norm", "policy_loss",
-                              "learning_rate", "entropy", "clip_fraction"})
+                              "learning_rate", "entropy", "clip_fraction", "truncation", "zero_std_frac",
+                              "kl_coef", "eval_reward"})
 
 #: Layer a finding gets when its metric's definition does not say.
 DEFAULT_LAYERS: dict[str, str] = {
@@ -224,6 +229,24 @@ class DiagnosisSettings:
     # --- joint readings ----------------------------------------------------------------------
     #: Findings overlap when their step ranges are within this fraction of the run's span.
     joint_overlap_frac: float = 0.05
+
+    # --- truncation, degenerate advantages, KL coefficient vs KL, eval vs train -------------
+    #: Share of responses cut at the maximum length above which it is a warning (when the
+    #: definition gives no healthy high) ...
+    truncation_warning: float = 0.2
+    #: ... and critical from this share on.
+    truncation_critical: float = 0.5
+    #: Share of zero-reward-std prompt groups: warning / critical level, and a rise from the
+    #: early to the late part of the run that is a warning whatever the level.
+    zero_std_warning: float = 0.5
+    zero_std_critical: float = 0.8
+    zero_std_rise: float = 0.3
+    #: KL coefficient and KL "move": rank correlation with time at least this and a relative
+    #: change at least ``coupled_min_change`` from the early to the late part.
+    coupled_min_corr: float = 0.6
+    coupled_min_change: float = 0.3
+    #: Evaluation reward falling by at least this fraction of its best while training rises.
+    eval_min_fall: float = 0.1
 
     # --- causes from the run's own settings and metrics (registry/diagnosis/causes.py) -----
     #: A setting counts as far from its reference (the task's healthy runs, else the

@@ -223,7 +223,7 @@ def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Map
     value = None if last is None else last * sign
     semantics = series.get("semantics") or {}
     caption = describe_semantics(semantics) if definition else "unmapped: raw values as logged"
-    window = opts.window_for(definition)
+    window = opts.window_for(definition, series.get("count"))
     low, high = healthy_range_for(definition, run.get("task")) if definition else (None, None)
     params = {"key": series["key"], **opts.query()}
     sem_title = "; ".join(
