@@ -73,6 +73,8 @@ def test_summary_says_what_was_checked_and_confidence_follows_the_data():
     assert "not enough data to judge entropy (5 point(s), 8 needed)" in d.summary()
     spike = d.by_detector("kl_spike")[0]
     assert spike.confidence == "high" and spike.to_dict()["confidence"] == "high"
+    # Every range a detector judged by is reported with where it came from.
+    assert d.ranges_used["kl_old_mean"] == {"low": None, "high": 0.05, "source": "dictionary: healthy range"}
 
 
 # --- detectors the real logs need -----------------------------------------------------------

@@ -23,6 +23,8 @@ class Context:
         #: The run's hyper-parameters as read for diagnosis (a RunSettings).
         self.hp = hp
         self.findings: list[Finding] = []
+        #: Every range a detector asked for: name -> {"low", "high", "source"} (shown to the user).
+        self.ranges_used: dict[str, dict[str, Any]] = {}
         self._series: dict[str, Series | None] = {}
         firsts = [int(c.steps[0]) for c in self.curves.values() if len(c)]
         lasts = [int(c.steps[-1]) for c in self.curves.values() if len(c)]
@@ -56,14 +58,18 @@ class Context:
         info = self.metrics.get(name)
         low = info.healthy_low if info else None
         high = info.healthy_high if info else None
+        source = (info.range_source if info is not None else None) or "dictionary"
         if low is None and high is None and self.baseline is not None and name in self.baseline.metrics:
             bands = [b for b in (self.baseline.metrics[name].early, self.baseline.metrics[name].mid) if b]
             if bands:
                 lo, hi = min(b.low for b in bands), max(b.high for b in bands)
                 pad = self.s.baseline_range_widen * max(hi - lo, 1e-12)
-                return lo - pad, hi + pad
+                low, high, source = lo - pad, hi + pad, f"learned from the {self.baseline.task} baseline"
         if low is None and high is None:
             low, high = self.s.fallback_ranges.get(name, (None, None))
+            source = "diagnosis default (DiagnosisSettings.fallback_ranges)"
+        if low is not None or high is not None:
+            self.ranges_used[name] = {"low": low, "high": high, "source": source}
         return low, high
 
     def higher_is_better(self, name: str) -> bool:

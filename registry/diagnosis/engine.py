@@ -63,7 +63,8 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
                      last_step=ctx.last_step, metrics_checked=sorted(ctx.curves), missing_roles=missing,
                      baseline_task=baseline.task if baseline is not None else None,
                      not_judged=not_judged, checked=checked, settings=hp.to_dict(),
-                     baseline_note=baseline_strength(baseline) if baseline is not None else None)
+                     baseline_note=baseline_strength(baseline) if baseline is not None else None,
+                     ranges_used=dict(ctx.ranges_used))
 
 
 def _coverage(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:

@@ -80,12 +80,15 @@ class MetricInfo:
     higher_is_better: bool | None = None
     #: The definition's quantity (reward, kl, coefficient, throughput, ...), when known.
     quantity: str | None = None
+    #: Where healthy_low/high come from ("dictionary: task range for CartPole-v1", ...).
+    range_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "layer": self.layer, "healthy_low": self.healthy_low,
             "healthy_high": self.healthy_high, "smoothing_window": self.smoothing_window,
             "higher_is_better": self.higher_is_better, "quantity": self.quantity,
+            "range_source": self.range_source,
         }
 
     @classmethod
@@ -95,6 +98,7 @@ class MetricInfo:
             healthy_low=_opt_float(data.get("healthy_low")), healthy_high=_opt_float(data.get("healthy_high")),
             smoothing_window=int(data.get("smoothing_window") or 10),
             higher_is_better=data.get("higher_is_better"), quantity=data.get("quantity"),
+            range_source=data.get("range_source"),
         )
 
 
@@ -232,6 +236,8 @@ class Diagnosis:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The baseline's strength when one was used: "n=3" or "weak baseline (n=1)".
     baseline_note: str | None = None
+    #: Every healthy range a detector judged by: metric -> {"low", "high", "source"}.
+    ranges_used: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def worst_severity(self) -> str | None:
@@ -298,6 +304,7 @@ class Diagnosis:
             "checked": list(self.checked),
             "settings": dict(self.settings),
             "baseline_note": self.baseline_note,
+            "ranges_used": {k: dict(v) for k, v in sorted(self.ranges_used.items())},
         }
 
 

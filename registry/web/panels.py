@@ -159,6 +159,7 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         "verdict": d.get("verdict") or ("problems" if found.n_problems else "healthy"),
         "not_judged": list(d.get("not_judged") or []), "checked": list(d.get("checked") or []),
         "baseline_note": d.get("baseline_note"),
+        "ranges_used": [{"metric": k, **v} for k, v in sorted((d.get("ranges_used") or {}).items())],
         "n_problems": found.n_problems, "n_warning": found.n_warning, "n_critical": found.n_critical,
         "n_info": found.n_info, "first_problem_step": first,
         "triage_items": [i for i in items if i["layer"] != "comparison"],
