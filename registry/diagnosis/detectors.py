@@ -603,10 +603,28 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
         if evl is not None:
             ev["explained_variance"] = evl
             good_fit = evl >= st.vl_good_explained_variance
+    # Returns still climbing steadily: the critic chases a moving target, its loss cannot fall.
+    chasing = False
+    rname = ctx.first("reward")
+    if rname is not None and not good_fit:
+        rv = ctx.values_between(rname, start, end)
+        lo_r, hi_r = ctx.range(rname)
+        if rv.size >= 6:
+            sign = 1.0 if ctx.higher_is_better(rname) else -1.0
+            k = max(2, rv.size // 6)
+            gain = sign * (float(np.median(rv[-k:])) - float(np.median(rv[:k])))
+            scale = (hi_r - lo_r) if lo_r is not None and hi_r is not None and hi_r > lo_r else \
+                max(float(np.max(rv) - np.min(rv)), 1e-12)
+            ev["reward_gain"] = gain
+            # Only when the critic demonstrably fits what it can (explained variance known and
+            # fair): a flat loss with a critic that explains nothing is a critic problem.
+            fair = ev.get("explained_variance", -1.0) >= st.vl_chasing_explained_variance
+            chasing = fair and rank_corr(sign * rv) >= st.vl_chasing_corr and gain >= st.vl_chasing_gain * scale
     return [ctx.finding(
-        "value_loss_flat", name, start, end, "info" if good_fit else "warning",
+        "value_loss_flat", name, start, end, "info" if good_fit or chasing else "warning",
         f"value loss not decreasing: {early:.4g} early, {late:.4g} now"
-        + (" (but explained variance is high: the critic fits)" if good_fit else ""),
+        + (" (but explained variance is high: the critic fits)" if good_fit else "")
+        + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else ""),
         evidence=ev,
         causes=["the critic is not learning (value learning rate / vf_coef too small)",
                 "returns are non-stationary or badly scaled (no reward normalisation)",

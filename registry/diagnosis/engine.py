@@ -95,9 +95,7 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
     out = []
     weak = profile.n_runs < st.baseline_min_runs
     strength = baseline_strength(profile)
-    differing = [s for s in ctx.hp.settings.values()
-                 if s.healthy is not None and s.ratio() is not None
-                 and not (1 / st.cause_setting_factor < s.ratio() < st.cause_setting_factor)]
+    differing = [s for s in ctx.hp.settings.values() if _differs(s, st.cause_setting_factor)]
     for name, mb in sorted(profile.metrics.items()):
         if ctx.series(name) is None or not is_health_metric(name, ctx.metrics.get(name)):
             continue
@@ -140,7 +138,7 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                 if differing else "no hyper-parameter read from this run differs from the healthy runs' by "
                                   f"{st.cause_setting_factor:g}x or more: compare the curves",
                 detected_at=end, layer="comparison")
-            f.causes = [Cause("setting_differs", s.describe(), 0.5, [s.describe()],
+            f.causes = [Cause(_setting_cause_key(s), s.describe(), 0.5, [s.describe()],
                               f"align {s.name} with the healthy runs ({s.healthy:g})") for s in differing]
             f.causes += [Cause("generic", t, 0.15) for t in f.likely_causes]
             f.likely_causes = [c.text for c in f.causes]
@@ -148,6 +146,28 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                 f.notes.append(f"{strength}: too few healthy runs to call a deviation a problem")
             out.append(f)
     return out
+
+
+def _differs(s: Any, factor: float) -> bool:
+    """Does a setting differ from the healthy runs' (by ``factor``, or in sign / from zero)?"""
+    if s.healthy is None:
+        return False
+    if s.healthy == 0 or s.value == 0:
+        return s.value != s.healthy
+    r = s.value / s.healthy
+    return r < 0 or not (1 / factor < r < factor)
+
+
+def _setting_cause_key(s: Any) -> str:
+    """The cause key a differing setting stands for (``clip_range_small``, ``ent_coef_negative``...)."""
+    if s.knob == "ent_coef":
+        return "ent_coef_negative" if s.value < 0 else "ent_coef_large"
+    up = s.value > (s.healthy or 0)
+    names = {"learning_rate": ("learning_rate_high", "learning_rate_low"),
+             "clip_range": ("clip_range_large", "clip_range_small"), "n_epochs": ("n_epochs_high", "n_epochs_low"),
+             "kl_coef": ("kl_coef_large", "kl_coef_small")}
+    hi, lo = names.get(s.knob, (f"{s.knob}_high", f"{s.knob}_low"))
+    return hi if up else lo
 
 
 # ---------------------------------------------------------------------------------------

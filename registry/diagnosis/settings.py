@@ -175,6 +175,12 @@ class DiagnosisSettings:
     vl_min_points: int = 12
     #: Explained variance above this means the critic fits well: flat value loss is info.
     vl_good_explained_variance: float = 0.8
+    #: ... and so is a flat value loss while the return rises steadily (rank correlation with
+    #: time at least ``vl_chasing_corr``) by at least ``vl_chasing_gain`` of its range: the
+    #: targets move, so the loss cannot fall.
+    vl_chasing_corr: float = 0.8
+    vl_chasing_gain: float = 0.2
+    vl_chasing_explained_variance: float = 0.3
 
     # --- learning signal (advantage / reward std) ---------------------------------------
     #: Std below this fraction of its early level counts as zero.
