@@ -129,6 +129,24 @@ def test_eval_falling_while_train_reward_rises():
     assert not diagnose(both_up, INFOS).by_detector("eval_diverging")
 
 
+def test_texts_are_worded_for_the_kind_of_run():
+    from registry.diagnosis.baseline import build_baseline
+
+    n = 60
+    steps = _steps(n)
+    ret = np.linspace(20, 200, n)
+    control = {"episode_return_mean": Curve(steps, ret), "episode_length_mean": Curve(steps, ret)}
+    prof = build_baseline("CartPole-v1", [control] * 3)
+    assert "episodes last longer" in prof.metrics["episode_length_mean"].warning
+    assert "responses" not in prof.metrics["episode_length_mean"].warning
+    longer = {"episode_return_mean": Curve(steps, ret), "episode_length_mean": Curve(steps, ret * 3)}
+    d = diagnose(longer, INFOS, baseline=prof)
+    assert d.run_kind == "control"
+    assert not any("hacking" in " ".join(f.likely_causes) for f in d.findings)
+    llm = build_baseline("math", [{"response_length_mean": Curve(steps, np.linspace(200, 300, n))}] * 3)
+    assert "responses are longer" in llm.metrics["response_length_mean"].warning
+
+
 # --- joint readings state only what their findings measured ----------------------------------
 def test_trust_region_reading_without_a_clip_finding_does_not_claim_a_high_clip_fraction():
     n = 300

@@ -48,7 +48,7 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_ent_-0.05": ("CartPole-v1", 1, 60_000, {"ent_coef": -0.05}),
     "cartpole_ent_-0.2": ("CartPole-v1", 2, 60_000, {"ent_coef": -0.2}),
     "cartpole_ent_0.5": ("CartPole-v1", 1, 60_000, {"ent_coef": 0.5}),
-    "cartpole_epochs_60": ("CartPole-v1", 1, 30_000, {"n_epochs": 60}),
+    "cartpole_epochs_60": ("CartPole-v1", 1, 20_000, {"n_epochs": 60}),
     # Acrobot-v1: SB3 defaults learn it (-500 -> about -100) within 60k steps.
     "acrobot_default_s1": ("Acrobot-v1", 1, 60_000, {}),
     "acrobot_default_s2": ("Acrobot-v1", 2, 60_000, {}),
@@ -58,7 +58,7 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_clip_0.02": ("Acrobot-v1", 1, 60_000, {"clip_range": 0.02}),
     "acrobot_ent_-0.1": ("Acrobot-v1", 1, 60_000, {"ent_coef": -0.1}),
     "acrobot_ent_1.0": ("Acrobot-v1", 1, 60_000, {"ent_coef": 1.0}),
-    "acrobot_epochs_60": ("Acrobot-v1", 1, 30_000, {"n_epochs": 60}),
+    "acrobot_epochs_60": ("Acrobot-v1", 1, 20_000, {"n_epochs": 60}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.

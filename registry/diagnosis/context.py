@@ -11,6 +11,21 @@ from .signal import Series, early_count, prepare
 from .types import Curve, Finding, MetricInfo
 
 
+LLM_METRICS = frozenset({"response_length_mean", "reward_sequence_mean", "reward_accuracy_mean",
+                         "response_truncation_rate", "kl_ref_mean", "reward_zero_std_fraction"})
+CONTROL_METRICS = frozenset({"episode_return_mean", "return_mean", "episode_length_mean", "episode_return_std"})
+
+
+def run_kind(curves: Mapping[str, Any]) -> str | None:
+    """``llm`` or ``control`` from the canonical metrics the run logs (None when neither shows)."""
+    names = set(curves)
+    if names & LLM_METRICS:
+        return "llm"
+    if names & CONTROL_METRICS:
+        return "control"
+    return None
+
+
 class Context:
     def __init__(self, curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
                  settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None,
@@ -26,6 +41,8 @@ class Context:
         #: Every range a detector asked for: name -> {"low", "high", "source"} (shown to the user).
         self.ranges_used: dict[str, dict[str, Any]] = {}
         self._series: dict[str, Series | None] = {}
+        #: "llm" (responses, sequence rewards) or "control" (episodes, returns) or None: chooses wording.
+        self.run_kind = run_kind(self.curves)
         firsts = [int(c.steps[0]) for c in self.curves.values() if len(c)]
         lasts = [int(c.steps[-1]) for c in self.curves.values() if len(c)]
         self.first_step = min(firsts) if firsts else None

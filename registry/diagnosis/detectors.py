@@ -96,9 +96,12 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
                 + ("stays there" if to_end else f"stayed there for {b - a + 1} points"),
                 evidence={"level_before": float(np.median(pre)), "level_after": float(np.median(y[a:b + 1])),
                           "points": (b - a + 1) * sr.bin_size, "persists_to_end": float(to_end)},
-                causes=["the reward function crashed or returns a default of 0",
-                        "the data pipeline feeds empty/truncated responses or wrong labels",
-                        "a reward-model server stopped answering"],
+                causes=(["the reward function crashed or returns a default of 0",
+                         "the environment or its reward wrapper changed (episodes end at once)"]
+                        if ctx.run_kind == "control" else
+                        ["the reward function crashed or returns a default of 0",
+                         "the data pipeline feeds empty/truncated responses or wrong labels",
+                         "a reward-model server stopped answering"]),
                 check=["raw reward-function outputs for a batch at this step",
                        "reward components (accuracy/format) and response samples",
                        "logs of the reward service / dataset loader around this step"],
@@ -678,6 +681,9 @@ def detect_signal_collapse(ctx: Context) -> list[Finding]:
         out.append(ctx.finding(
             "signal_collapse", name, start, end, sev, title, evidence=ev,
             causes=(["every sample already gets the maximal reward (task solved)"] if saturated else
+                    ["every episode ends with the same return (a deterministic policy in a deterministic "
+                     "environment)", "the reward is constant or broken", "the policy has collapsed (entropy)"]
+                    if ctx.run_kind == "control" else
                     ["all samples of a group get the same reward (too easy / too hard prompts)",
                      "the reward is constant or broken", "the policy has collapsed to one answer (entropy)"]),
             check=["reward level vs its task range", "reward sparsity per prompt group", "entropy"],

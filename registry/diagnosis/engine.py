@@ -64,7 +64,7 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
                      baseline_task=baseline.task if baseline is not None else None,
                      not_judged=not_judged, checked=checked, settings=hp.to_dict(),
                      baseline_note=baseline_strength(baseline) if baseline is not None else None,
-                     ranges_used=dict(ctx.ranges_used))
+                     ranges_used=dict(ctx.ranges_used), run_kind=ctx.run_kind)
 
 
 def _coverage(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:

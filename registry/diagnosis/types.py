@@ -238,6 +238,8 @@ class Diagnosis:
     baseline_note: str | None = None
     #: Every healthy range a detector judged by: metric -> {"low", "high", "source"}.
     ranges_used: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: "llm" or "control" (or None): how the texts are worded.
+    run_kind: str | None = None
 
     @property
     def worst_severity(self) -> str | None:
@@ -305,6 +307,7 @@ class Diagnosis:
             "settings": dict(self.settings),
             "baseline_note": self.baseline_note,
             "ranges_used": {k: dict(v) for k, v in sorted(self.ranges_used.items())},
+            "run_kind": self.run_kind,
         }
 
 
