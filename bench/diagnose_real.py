@@ -74,7 +74,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
         if lab["label"] == "healthy":
             healthy_of_env[lab["env"]].append(name)
     stats: dict[str, dict] = {p: defaultdict(float) | {"misses": [], "false_alarms": [], "wrong_causes": [],
-                                                        "fp": []} for p in ("tuning", "held_out")}
+                                                        "fp": [], "rows": []} for p in ("tuning", "held_out")}
     for name in sorted(labels):
         lab = labels[name]
         if name not in part:
@@ -87,6 +87,9 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
         base = baselines_for(root, labels, healthy_of_env, name, env)
         db = diagnose(curves, infos, baseline=base, params=params, framework="stable-baselines3") \
             if base is not None else None
+        named = sorted({f"{f.detector}->{f.cause}" for f in warn})
+        st["rows"].append(f"{name:<24} {lab['label']:<8} {str(lab.get('cause')):<20} {d.verdict:<9} "
+                          f"{', '.join(named) or '-'}")
         if verbose:
             print(f"\n== {name} [{part[name]}] label={lab['label']} cause={lab.get('cause')}: {d.verdict}")
             for f in d.findings:
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  false alarms on healthy runs: without baseline {_ratio(st['healthy_alarm'], st['healthy_runs'])}, "
               f"with baseline {_ratio(st['healthy_alarm_baseline'], st['healthy_with_baseline'])}")
         print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}")
+        print(f"    {'run':<24} {'label':<8} {'labelled cause':<20} {'verdict':<9} warning findings -> named cause")
+        for row in st["rows"]:
+            print(f"    {row}")
         for key, title in (("misses", "missed"), ("false_alarms", "false alarm"), ("fp", "unexpected finding"),
                            ("wrong_causes", "cause")):
             for line in st[key]:

@@ -531,8 +531,13 @@ def diagnose(ctx: click.Context, run: str, no_baseline: bool, as_json: bool) -> 
     for f in result.findings:
         console.print(f.summary(), style=styles.get(f.severity), highlight=False, markup=False)
         if f.severity != "info":
-            if f.likely_causes:
-                console.print(f"    likely: {'; '.join(f.likely_causes)}", highlight=False, markup=False)
+            if f.cause is not None:
+                c = f.causes[0]
+                console.print(f"    cause ({f.confidence} confidence finding; support {c.support:.2f}): {c.text}",
+                              highlight=False, markup=False)
+            elif f.likely_causes:
+                console.print(f"    likely ({f.confidence} confidence finding; no cause stands out): "
+                              f"{'; '.join(f.likely_causes)}", highlight=False, markup=False)
             if f.suggested_action:
                 console.print(f"    do: {f.suggested_action}", highlight=False, markup=False)
     for j in result.joint_readings:

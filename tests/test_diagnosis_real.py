@@ -105,3 +105,21 @@ def test_a_few_pasted_steps_are_not_enough_to_call_a_run_healthy(registry, tmp_p
     d = diagnose_run(registry, "excerpt")
     assert not d.healthy and d.verdict == "not enough data"
     assert "not enough data to judge episode_return_mean (2 point(s), 8 needed)" in d.summary()
+
+
+def test_cli_names_the_cause_and_refuses_a_one_run_baseline(registry):
+    from click.testing import CliRunner
+
+    from registry.cli import cli
+
+    runner = CliRunner()
+    out = runner.invoke(cli, ["--db", registry.url, "diagnose", "cartpole_clip_0.02", "--no-baseline"])
+    assert out.exit_code == 0, out.output
+    assert "clip_range = 0.02, 10x below the SB3 default 0.2" in out.output and "do: raise clip_range" in out.output
+    refused = runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1", "--run",
+                                  HEALTHY_CARTPOLE[0]])
+    assert refused.exit_code == 1 and "at least 3" in refused.output
+    weak = runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1", "--run",
+                               HEALTHY_CARTPOLE[0], "--allow-weak"])
+    assert weak.exit_code == 0 and "weak baseline (n=1)" in weak.output
+    runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1"])
