@@ -16,6 +16,8 @@ Printed separately for the tuning and the held-out part:
 * false alarms on healthy runs: healthy runs with any finding of severity warning or above,
   without a baseline and with one (learned from the other healthy runs of the same
   environment, leave-one-out; a baseline of fewer than 3 runs is weak and says so);
+* runs labelled ``borderline`` (a difference from the healthy runs that is not a failure) are
+  listed with their verdict, not scored;
 * cause accuracy: of the warning-or-above findings that detect a labelled problem (or a
   listed consequence), the share whose *named* cause (best-supported, support >= 0.5) is
   the label's cause; findings with no named cause count as wrong.
@@ -74,7 +76,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
         if lab["label"] == "healthy":
             healthy_of_env[lab["env"]].append(name)
     stats: dict[str, dict] = {p: defaultdict(float) | {"misses": [], "false_alarms": [], "wrong_causes": [],
-                                                        "fp": [], "rows": []} for p in ("tuning", "held_out")}
+                                                        "fp": [], "rows": [], "borderline": []} for p in ("tuning", "held_out")}
     for name in sorted(labels):
         lab = labels[name]
         if name not in part:
@@ -94,6 +96,10 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
             print(f"\n== {name} [{part[name]}] label={lab['label']} cause={lab.get('cause')}: {d.verdict}")
             for f in d.findings:
                 print(f"   {f.summary()[:140]} | cause={f.cause} conf={f.confidence}")
+        if lab["label"] == "borderline":
+            st["borderline"].append(f"{name}: {d.verdict}; " + ("; ".join(f.summary()[:100] for f in warn) or
+                                                                "no warning"))
+            continue
         if lab["label"] == "healthy":
             st["healthy_runs"] += 1
             if warn:
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in st["rows"]:
             print(f"    {row}")
         for key, title in (("misses", "missed"), ("false_alarms", "false alarm"), ("fp", "unexpected finding"),
-                           ("wrong_causes", "cause")):
+                           ("wrong_causes", "cause"), ("borderline", "borderline (not scored)")):
             for line in st[key]:
                 print(f"    {title}: {line}")
         if st["problems"] and st["found"] / st["problems"] < TARGET_RECALL:

@@ -21,15 +21,14 @@ from registry.store import Registry
 SWEEP = Path(__file__).parent / "data" / "real" / "sb3_sweep"
 LABELS = yaml.safe_load((SWEEP / "labels.yaml").read_text())["runs"]
 HEALTHY_CARTPOLE = sorted(n for n, lab in LABELS.items() if lab["env"] == "CartPole-v1" and lab["label"] == "healthy")
-PROBLEM_RUNS = [n for n in ("cartpole_clip_0.02", "cartpole_ent_-0.05", "cartpole_lr_1e-6", "cartpole_lr_3e-2",
-                            "cartpole_epochs_60", "pendulum_default_s1", "acrobot_ent_-0.1", "mountaincar_default_s1")
-                if n in LABELS]
+PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem")
+BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('real') / 'real.db'}")
-    for name in HEALTHY_CARTPOLE + PROBLEM_RUNS:
+    for name in HEALTHY_CARTPOLE + PROBLEM_RUNS + BORDERLINE_RUNS:
         tags = ["healthy"] if LABELS[name]["label"] == "healthy" else []
         reg.register(SWEEP / name, name=name, project="sb3-sweep", algorithm="PPO", tags=tags)
     yield reg
@@ -74,6 +73,16 @@ def test_advice_is_never_the_opposite_of_what_the_runs_settings_call_for(registr
             assert "raise learning_rate" not in action and "raise the learning rate" not in action, (name, action)
         if f.cause is not None:
             assert f.causes[0].evidence, f"{name}: cause {f.cause} named without evidence"
+
+
+@pytest.mark.parametrize("name", BORDERLINE_RUNS)
+def test_a_borderline_run_shows_its_unusual_setting_without_calling_it_a_problem(registry, name):
+    d = diagnose_run(registry, name, use_baseline=False)
+    notes = d.by_detector("unusual_setting")
+    assert notes and all(f.severity == "info" for f in notes)
+    cause = LABELS[name]["cause"]
+    knob = cause.rsplit("_", 1)[0]                     # ent_coef_negative -> ent_coef
+    assert any(f.metric == f"param:{knob}" for f in notes)
 
 
 def test_healthy_runs_are_healthy_with_and_without_a_baseline_of_the_other_healthy_runs(registry):

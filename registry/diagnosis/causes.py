@@ -406,6 +406,8 @@ def apply_uninformative(ctx: Context, findings: list[Finding]) -> None:
 
 def finding_confidence(ctx: Context, f: Finding) -> str:
     """How sure the finding itself is: from how many points the metric has (and the cause's support)."""
+    if f.detector == "unusual_setting":
+        return "high"                        # read from the run's configuration, not estimated
     sr = ctx.series(f.metric)
     n = sr.n if sr is not None else 0
     if n < ctx.s.confidence_medium_points:

@@ -50,8 +50,8 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
     apply_uninformative(ctx, ctx.findings)
     order = {d: i for i, d in enumerate(RANK_ORDER)}
     for f in sorted(ctx.findings, key=lambda f: (order.get(f.detector, len(order)), f.start)):
-        if f.detector != "baseline_deviation" and not (f.causes and f.causes[0].key in ("clip_uninformative",
-                                                                                          "clip_range_large")):
+        # Information is not a problem to explain: only warnings and worse get ranked causes.
+        if f.at_least("warning") and f.detector != "baseline_deviation":
             rank_causes(ctx, f)
         f.confidence = finding_confidence(ctx, f)
     findings = sorted(ctx.findings, key=lambda f: (LAYER_RANK.get(f.layer, 9), -SEVERITY_RANK[f.severity], f.start))

@@ -215,7 +215,30 @@ def detect_eval_diverging(ctx: Context) -> list[Finding]:
         detected_at=end, related=[rname], layer="objective")]
 
 
+def detect_unusual_settings(ctx: Context) -> list[Finding]:
+    """Information: settings far from their reference (or a negative entropy coefficient), so a
+    reader sees them even when no curve has gone wrong (yet)."""
+    hp = ctx.hp
+    if hp is None or ctx.first_step is None:
+        return []
+    out = []
+    for s in hp.settings.values():
+        r = s.ratio()
+        negative = s.knob == "ent_coef" and s.value < 0
+        far = r is not None and r > 0 and not (1 / ctx.s.cause_setting_factor < r < ctx.s.cause_setting_factor)
+        if not (negative or far):
+            continue
+        out.append(ctx.finding(
+            "unusual_setting", f"param:{s.key or s.knob}", ctx.first_step, ctx.last_step, "info",
+            f"{s.describe()}" + ("; a negative entropy coefficient rewards determinism" if negative else ""),
+            evidence={"value": s.value, "reference": s.reference if s.reference is not None else float("nan")},
+            causes=[f"read from {s.source}" + (f"; default from {s.default_source}" if s.default_source else "")],
+            check=["whether this setting was intended"], action="", layer="diagnostic"))
+    return out
+
+
 EXTRA_DETECTORS = (
+    ("unusual_setting", detect_unusual_settings),
     ("truncation", detect_truncation),
     ("advantage_degenerate", detect_advantage_degenerate),
     ("kl_coef_opposite", detect_kl_coef_opposite),
