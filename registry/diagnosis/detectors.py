@@ -227,7 +227,7 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
 
     flat, early, late, imp, level = judge(n)
     if not flat:
-        return []
+        return _reward_plateau(ctx, name, sr, y, sign, low, high)
     grid = np.unique(np.linspace(max(6, min(n, st.flat_min_points)), n, num=20).round().astype(int))
     ok = np.array([judge(int(p))[0] for p in grid])
     bad = np.flatnonzero(~ok)
@@ -252,6 +252,47 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
                "entropy bonus) or shape the reward; compare with a solved configuration",
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
+
+
+def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low: float | None,
+                    high: float | None) -> list[Finding]:
+    """A reward that learned, then stopped improving well below its task range's top.
+
+    Judged only for control tasks with a task range: over the last ``plateau_frac`` of the
+    run the smoothed reward gains less than ``flat_min_improvement`` of the range while it
+    sits below ``flat_max_level`` of it. Without a range a plateau cannot be told from
+    convergence; for language-model tasks the range's top (every answer right) is rarely
+    reached, so a plateau below it is usually convergence too.
+    """
+    st = ctx.s
+    n = sr.n
+    if ctx.run_kind != "control" or low is None or high is None or high <= low or n < st.flat_min_points:
+        return []
+    width = high - low
+    tail = max(st.persist_min_points * 2, int(round(st.plateau_frac * n)))
+    if tail >= n:
+        return []
+    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    seg = s[n - tail:]
+    gain = (float(np.max(seg[-max(1, tail // 4):])) - float(seg[0])) / width
+    level = (float(np.median(y[n - max(1, tail // 4):])) - low) / width
+    if gain >= st.flat_min_improvement or level >= st.flat_max_level:
+        return []
+    start = sr.step(n - tail)
+    return [ctx.finding(
+        "reward_flat", name, start, sr.step_end(n - 1), "warning",
+        f"reward stopped improving at {sign * float(np.median(y[-max(1, tail // 4):])):.4g} ({100 * level:.0f}% of "
+        f"the task range) over the last {tail * sr.bin_size} points ({100 * gain:.1f}% of the range gained)",
+        evidence={"plateau_level": sign * float(np.median(y[-max(1, tail // 4):])), "level_in_range": level,
+                  "improvement": gain, "plateau_points": tail * sr.bin_size,
+                  "range_low": low, "range_high": high},
+        causes=["exploration that stays too high (an entropy bonus that keeps the policy random)",
+                "the learning rate or update size became too small for further progress",
+                "the algorithm's defaults do not suit the task"],
+        check=["entropy over the plateau (still near its start?)", "clip fraction and KL",
+               "runs of the same task that succeeded (baseline)"],
+        action="compare the settings with a configuration that solved this task",
+        detected_at=sr.step_end(n - 1), layer=ctx.layer(name))]
 
 
 # ---------------------------------------------------------------------------------------

@@ -225,6 +225,8 @@ def detect_unusual_settings(ctx: Context) -> list[Finding]:
     for s in hp.settings.values():
         r = s.ratio()
         negative = s.knob == "ent_coef" and s.value < 0
+        if s.knob == "ent_coef" and s.value >= ctx.s.cause_ent_coef_large and not (r and r < ctx.s.cause_setting_factor):
+            r = float("inf")                 # a large bonus where the reference is 0
         far = r is not None and r > 0 and not (1 / ctx.s.cause_setting_factor < r < ctx.s.cause_setting_factor)
         if not (negative or far):
             continue

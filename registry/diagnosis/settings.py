@@ -118,6 +118,9 @@ class DiagnosisSettings:
     flat_min_rel_improvement: float = 0.03
     #: Reward flat needs at least this many logged points (else it is only info).
     flat_min_points: int = 20
+    #: A plateau: over the last this fraction of the run the reward gains less than
+    #: flat_min_improvement of its task range while below flat_max_level of it.
+    plateau_frac: float = 0.3
 
     # --- KL ---------------------------------------------------------------------------
     #: A KL point this many times its recent running level (trailing median) is a spike ...

@@ -38,6 +38,9 @@ DETECTOR_LABELS = {
     "value_loss_flat": "value loss flat", "signal_collapse": "signal collapse",
     "advantage_drift": "advantage drift", "grad_norm_spikes": "grad-norm spikes",
     "policy_loss_growing": "policy loss growing", "baseline_deviation": "outside the baseline",
+    "truncation": "responses truncated", "advantage_degenerate": "no learning signal",
+    "kl_coef_opposite": "KL coefficient vs KL", "eval_diverging": "eval falling, train rising",
+    "unusual_setting": "unusual setting",
 }
 SEVERITY_LABELS = {"critical": "critical", "warning": "warning", "info": "info"}
 PREFIX_CHOICES = (("", "auto"), ("0.1", "first 10%"), ("0.25", "first 25%"), ("0.5", "first 50%"),
