@@ -97,8 +97,11 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
             for f in d.findings:
                 print(f"   {f.summary()[:140]} | cause={f.cause} conf={f.confidence}")
         if lab["label"] == "borderline":
-            st["borderline"].append(f"{name}: {d.verdict}; " + ("; ".join(f.summary()[:100] for f in warn) or
-                                                                "no warning"))
+            wb = db.at_least("warning") if db is not None else []
+            st["borderline"].append(
+                f"{name}: {d.verdict}; " + ("; ".join(f.summary()[:100] for f in warn) or "no warning")
+                + (f" | with {db.baseline_note}: {db.verdict}; " + ("; ".join(f.summary()[:120] for f in wb)
+                                                                   or "no warning") if db is not None else ""))
             continue
         if lab["label"] == "healthy":
             st["healthy_runs"] += 1

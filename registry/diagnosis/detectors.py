@@ -278,6 +278,8 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
     level = (float(np.median(y[n - max(1, tail // 4):])) - low) / width
     if gain >= st.flat_min_improvement or level >= st.flat_max_level:
         return []
+    if rank_corr(seg) >= st.plateau_max_corr:
+        return []                            # still rising steadily, only slowly: not a plateau yet
     start = sr.step(n - tail)
     return [ctx.finding(
         "reward_flat", name, start, sr.step_end(n - 1), "warning",

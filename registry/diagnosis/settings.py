@@ -121,6 +121,8 @@ class DiagnosisSettings:
     #: A plateau: over the last this fraction of the run the reward gains less than
     #: flat_min_improvement of its task range while below flat_max_level of it.
     plateau_frac: float = 0.3
+    #: ... and is not still rising steadily (rank correlation with time below this).
+    plateau_max_corr: float = 0.5
 
     # --- KL ---------------------------------------------------------------------------
     #: A KL point this many times its recent running level (trailing median) is a spike ...
