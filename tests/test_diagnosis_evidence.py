@@ -147,6 +147,19 @@ def test_texts_are_worded_for_the_kind_of_run():
     assert "responses are longer" in llm.metrics["response_length_mean"].warning
 
 
+def test_total_reward_rising_while_a_component_falls():
+    n = 100
+    rng = np.random.default_rng(3)
+    acc = np.clip(np.linspace(0.5, 0.3, n) + rng.normal(0, 0.01, n), 0, 1)
+    fmt = np.clip(np.linspace(0.1, 0.9, n) + rng.normal(0, 0.01, n), 0, 1)
+    curves = {"reward_sequence_mean": Curve(_steps(n), acc + fmt), "reward_accuracy_mean": Curve(_steps(n), acc),
+              "reward_format_mean": Curve(_steps(n), fmt)}
+    f = diagnose(curves, INFOS).by_detector("components_diverging")
+    assert f and f[0].metric == "reward_accuracy_mean" and "reward_format_mean rising" in f[0].title
+    together = dict(curves, reward_accuracy_mean=Curve(_steps(n), np.linspace(0.3, 0.5, n)))
+    assert not diagnose(together, INFOS).by_detector("components_diverging")
+
+
 # --- joint readings state only what their findings measured ----------------------------------
 def test_trust_region_reading_without_a_clip_finding_does_not_claim_a_high_clip_fraction():
     n = 300

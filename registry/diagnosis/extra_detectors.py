@@ -6,7 +6,9 @@
 * ``kl_coef_opposite``: the KL penalty coefficient and the KL moving in opposite directions
   (the penalty weakens while the policy drifts, or tightens while the KL is already falling);
 * ``eval_diverging``: the evaluation reward falling while the training reward rises
-  (overfitting to the training prompts, or reward hacking).
+  (overfitting to the training prompts, or reward hacking);
+* ``components_diverging``: the total reward rising while one of its components falls;
+* ``unusual_setting`` (information): a setting far from its reference.
 
 Each returns findings in the same form as the core detectors, with the layer of the metric
 they are about (triage order: diagnostic, constraint, objective).
@@ -215,6 +217,47 @@ def detect_eval_diverging(ctx: Context) -> list[Finding]:
         detected_at=end, related=[rname], layer="objective")]
 
 
+def detect_components_diverging(ctx: Context) -> list[Finding]:
+    """The total reward rising while a component of it falls: the gain comes from another
+    component (typically format up, accuracy down)."""
+    total = ctx.first("reward")
+    comps = [c for c in ctx.role("reward_components") if c != total]
+    if total is None or len(comps) < 1:
+        return []
+    t = _trend(ctx, total)
+    if t is None:
+        return []
+    st = ctx.s
+    tc, t0, t1 = t
+    if tc < st.coupled_min_corr or t1 <= t0:
+        return []
+    moves = {}
+    for c in comps:
+        tr = _trend(ctx, c)
+        if tr is not None:
+            moves[c] = tr
+    falling = [c for c, (r, a, b) in moves.items() if r <= -st.coupled_min_corr and b < a]
+    if not falling:
+        return []
+    rising = [c for c, (r, a, b) in moves.items() if r >= st.coupled_min_corr and b > a]
+    c = falling[0]
+    _, a, b = moves[c]
+    sc, st_ = ctx.series(c), ctx.series(total)
+    return [ctx.finding(
+        "components_diverging", c, max(sc.step(0), st_.step(0)), min(sc.step_end(sc.n - 1), st_.step_end(st_.n - 1)),
+        "warning",
+        f"{total} rose {t0:.3g} -> {t1:.3g} while its component {c} fell {a:.3g} -> {b:.3g}"
+        + (f" ({', '.join(rising)} rising)" if rising else ""),
+        evidence={"total_start": t0, "total_end": t1, "component_start": a, "component_end": b},
+        causes=[f"the gain comes from {', '.join(rising)}, not from {c}" if rising else
+                f"the gain comes from another component than {c}",
+                "reward hacking of an easier component (format, length)"],
+        check=["samples: do the responses solve the task or only satisfy the format?",
+               "the weights of the reward components"],
+        action=f"re-weight the reward components so that {c} cannot be traded away",
+        detected_at=st_.step_end(st_.n - 1), related=[total] + rising, layer="objective")]
+
+
 def detect_unusual_settings(ctx: Context) -> list[Finding]:
     """Information: settings far from their reference (or a negative entropy coefficient), so a
     reader sees them even when no curve has gone wrong (yet)."""
@@ -241,6 +284,7 @@ def detect_unusual_settings(ctx: Context) -> list[Finding]:
 
 EXTRA_DETECTORS = (
     ("unusual_setting", detect_unusual_settings),
+    ("components_diverging", detect_components_diverging),
     ("truncation", detect_truncation),
     ("advantage_degenerate", detect_advantage_degenerate),
     ("kl_coef_opposite", detect_kl_coef_opposite),

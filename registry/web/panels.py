@@ -40,7 +40,7 @@ DETECTOR_LABELS = {
     "policy_loss_growing": "policy loss growing", "baseline_deviation": "outside the baseline",
     "truncation": "responses truncated", "advantage_degenerate": "no learning signal",
     "kl_coef_opposite": "KL coefficient vs KL", "eval_diverging": "eval falling, train rising",
-    "unusual_setting": "unusual setting",
+    "unusual_setting": "unusual setting", "components_diverging": "reward components diverge",
 }
 SEVERITY_LABELS = {"critical": "critical", "warning": "warning", "info": "info"}
 PREFIX_CHOICES = (("", "auto"), ("0.1", "first 10%"), ("0.25", "first 25%"), ("0.5", "first 50%"),
