@@ -256,6 +256,25 @@ def kl_coef_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float
                  "raise the KL coefficient")
 
 
+def critic_not_fitting(ctx: Context, start: int, end: int, kl: str | None, kl_level: float | None) -> Cause | None:
+    """The critic explains almost none of the return while the policy does move: advantages are noise."""
+    name = ctx.first("explained_variance")
+    if name is None or kl not in ("normal", "high"):
+        return None
+    v = ctx.values_between(name, start, end)
+    if v.size < ctx.s.min_points_to_judge:
+        return None
+    ev = float(np.median(v))
+    if ev >= ctx.s.cause_critic_explained_variance:
+        return None
+    return Cause("critic_not_fitting",
+                 f"the critic does not fit the returns (explained variance {ev:.2g} over the run) while the policy "
+                 f"does move (KL to the old policy {kl_level:.3g}): the advantages are mostly noise", 0.6,
+                 [f"median explained variance {ev:.2g}", f"KL to the old policy {kl_level:.3g}"],
+                 "fix the critic first: normalise rewards/returns, check gamma and gae_lambda against the task's "
+                 "horizon, compare with a configuration that solved this task")
+
+
 def single_update(hp: RunSettings, ctx: Context) -> Setting | None:
     """The epochs setting when each batch gets exactly one policy update (ratio is 1 by construction)."""
     s = hp.get("n_epochs")
@@ -331,6 +350,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
     elif d == "reward_flat":
         specific = [lr_low(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args), clip_small(*args),
                     epochs_high(*args), lr_high(*args)]
+        specific.append(critic_not_fitting(ctx, f.start, f.end, kl, kl_level))
         const = _reward_constant(ctx)
         if const is not None:
             specific.append(Cause(

@@ -264,7 +264,7 @@ class DiagnosisSettings:
     #: framework default) at this factor above or below it.
     cause_setting_factor: float = 3.0
     #: KL to the old policy below this fraction of its healthy high is "small".
-    cause_kl_small_frac: float = 0.2
+    cause_kl_small_frac: float = 0.02
     #: Entropy "stayed" when its late level is at least this fraction of its early level ...
     cause_entropy_kept_frac: float = 0.9
     #: ... and "fell" when its late level is below this fraction of the early level.
@@ -273,6 +273,8 @@ class DiagnosisSettings:
     cause_ent_coef_large: float = 0.05
     #: A reward equal to one value at this share of its points never changed (sparse reward).
     cause_constant_share: float = 0.9
+    #: A critic whose explained variance stays below this does not fit the returns.
+    cause_critic_explained_variance: float = 0.1
 
     # --- honest uncertainty ---------------------------------------------------------------
     #: A metric with fewer logged points than this is "not enough data to judge".
