@@ -59,9 +59,9 @@ CONSEQUENCES = {
     "kl_blowup": {"clip_high", "entropy_collapse", "reward_drop", "reward_flat", "reward_zero", "grad_norm_spikes",
                   "signal_collapse", "policy_loss_growing", "clip_low"},
     "entropy_collapse": {"reward_flat", "signal_collapse"},
-    "reward_std_zero": {"reward_flat"},
+    "reward_std_zero": {"reward_flat", "advantage_degenerate"},  # an exactly-zero advantage std is both
     "length_hacking": {"reward_flat", "reward_drop"},
-    "reward_zero": {"signal_collapse", "reward_drop", "reward_flat"},
+    "reward_zero": {"signal_collapse", "reward_drop", "reward_flat", "advantage_degenerate"},
     "clip_high": {"kl_climb", "kl_spike"},
     "clip_low": {"reward_flat", "value_loss_flat"},
 }

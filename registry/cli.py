@@ -601,8 +601,13 @@ def diagnose(ctx: click.Context, run: str, no_baseline: bool, as_json: bool) -> 
     for f in result.findings:
         console.print(f.summary(), style=styles.get(f.severity), highlight=False, markup=False)
         if f.severity != "info":
-            if f.likely_causes:
-                console.print(f"    likely: {'; '.join(f.likely_causes)}", highlight=False, markup=False)
+            if f.cause is not None:
+                c = f.causes[0]
+                console.print(f"    cause ({f.confidence} confidence finding; support {c.support:.2f}): {c.text}",
+                              highlight=False, markup=False)
+            elif f.likely_causes:
+                console.print(f"    likely ({f.confidence} confidence finding; no cause stands out): "
+                              f"{'; '.join(f.likely_causes)}", highlight=False, markup=False)
             if f.suggested_action:
                 console.print(f"    do: {f.suggested_action}", highlight=False, markup=False)
     for j in result.joint_readings:
@@ -722,17 +727,23 @@ def baseline() -> None:
 @click.option("--run", "runs", multiple=True,
               help="Learn from these runs (default: runs with verdict success or tag healthy).")
 @click.option("--author", default="cli", show_default=True)
+@click.option("--allow-weak", is_flag=True,
+              help="Accept fewer than 3 healthy runs (the baseline is labelled weak wherever it is used).")
 @json_option
 @click.pass_context
-def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author: str, as_json: bool) -> None:
+def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author: str, allow_weak: bool,
+                   as_json: bool) -> None:
     """Learn (or re-learn) the baseline profile of TASK and store it."""
+    from .diagnosis.baseline import baseline_strength
     from .health import build_task_baseline
 
-    profile = build_task_baseline(open_from(ctx.find_root()), task, list(runs) or None, author=author)
+    profile = build_task_baseline(open_from(ctx.find_root()), task, list(runs) or None, author=author,
+                                  allow_weak=allow_weak)
     if as_json:
         echo_json(profile.to_dict())
     else:
-        click.echo(f"baseline for {task}: {len(profile.metrics)} metrics from {profile.n_runs} healthy run(s)")
+        click.echo(f"baseline for {task}: {len(profile.metrics)} metrics from {profile.n_runs} healthy run(s)"
+                   f" ({baseline_strength(profile)})")
 
 
 @baseline.command("show")

@@ -27,7 +27,8 @@ from sqlalchemy.exc import DBAPIError
 
 from .db import READ_ONLY_OPTION
 from .diagnosis import BaselineProfile, Curve, Diagnosis, build_baseline, diagnose, metric_infos_from_definitions
-from .diagnosis.baseline import PhaseBand
+from .diagnosis.baseline import MIN_HEALTHY_RUNS, PhaseBand
+from .diagnosis.hyperparams import settings_for_baseline
 from .errors import InputError, NotFoundError
 from .models import HealthBaseline, MetricDefinition, Run, RunFindings, utcnow
 from .store import Registry
@@ -35,7 +36,7 @@ from .store import Registry
 log = logging.getLogger(__name__)
 
 #: Bump when detectors or their settings change: every stored row becomes stale.
-DIAGNOSIS_VERSION = 1
+DIAGNOSIS_VERSION = 2
 #: Severities drawn on the plots and counted as problems.
 PROBLEM_SEVERITIES = ("warning", "critical")
 #: How long a web request waits for the write lock to store findings (then it skips storing).
@@ -55,10 +56,10 @@ def _definitions(registry: Registry) -> list[dict[str, Any]]:
     D = MetricDefinition
     with registry.read() as session:
         rows = session.execute(select(D.name, D.layer, D.healthy_low, D.healthy_high, D.task_ranges,
-                                      D.smoothing_window, D.higher_is_better)).all()
+                                      D.smoothing_window, D.higher_is_better, D.quantity)).all()
     return [{"name": r.name, "layer": r.layer, "healthy_range": {"low": r.healthy_low, "high": r.healthy_high},
              "task_ranges": dict(r.task_ranges or {}), "smoothing_window": r.smoothing_window,
-             "higher_is_better": r.higher_is_better} for r in rows]
+             "higher_is_better": r.higher_is_better, "quantity": r.quantity} for r in rows]
 
 
 def diagnose_run(registry: Registry, run_ref: str, *, use_baseline: bool = True,
@@ -69,7 +70,8 @@ def diagnose_run(registry: Registry, run_ref: str, *, use_baseline: bool = True,
     infos = metric_infos_from_definitions(defs, detail["task"])
     profile = get_baseline(registry, detail["task"]) if use_baseline and detail["task"] else None
     checkpoints = [c["step"] for c in detail["checkpoints"]]
-    return diagnose(_curves(registry, detail["id"]), infos, baseline=profile, checkpoints=checkpoints)
+    return diagnose(_curves(registry, detail["id"]), infos, baseline=profile, checkpoints=checkpoints,
+                    params=detail["params"], framework=detail["framework"])
 
 
 # --- stored findings ---------------------------------------------------------------------
@@ -174,6 +176,7 @@ def summarize_diagnosis(diag: Diagnosis) -> dict[str, Any]:
     return {
         "text": diag.summary(),
         "healthy": diag.healthy,
+        "verdict": diag.verdict,
         "lines": [f.summary() for f in diag.findings],
         "spans": spans,
         "metrics_checked": len(diag.metrics_checked),
@@ -412,10 +415,12 @@ def _quote(text: str) -> str:
 
 def build_task_baseline(
     registry: Registry, task: str, run_refs: Sequence[str] | None = None, author: str = "cli", *,
-    keep_edits: bool = False, note: str = "",
+    keep_edits: bool = False, note: str = "", allow_weak: bool = False,
 ) -> BaselineProfile:
     """Learn and store the baseline of ``task`` from its healthy runs (or the runs given).
 
+    At least :data:`MIN_HEALTHY_RUNS` runs are needed; ``allow_weak`` accepts fewer, and the
+    profile is then labelled "weak baseline (n=...)" wherever it is used.
     ``keep_edits``: bands and warning texts the team edited by hand since the last build
     that discarded them are applied again on top of the newly learned profile.
     """
@@ -427,8 +432,20 @@ def build_task_baseline(
             f"no healthy runs of task {task!r} to learn from: mark runs with verdict success or tag healthy, "
             "or name the runs"
         )
+    if len(ids) < MIN_HEALTHY_RUNS and not allow_weak:
+        raise InputError(
+            f"only {len(ids)} healthy run(s) of task {task!r}: a baseline needs at least {MIN_HEALTHY_RUNS} "
+            "(mark more runs healthy, or accept a weak baseline explicitly with --allow-weak)"
+        )
+    details = [registry.run_detail(run_id) for run_id in ids]
+    infos = metric_infos_from_definitions(_definitions(registry), task)
+    knobs: dict[str, list[float]] = {}
+    for d in details:
+        for knob, values in settings_for_baseline([d["params"]], d["framework"]).items():
+            knobs.setdefault(knob, []).extend(values)
     try:
-        profile = build_baseline(task, [_curves(registry, run_id) for run_id in ids])
+        profile = build_baseline(task, [_curves(registry, run_id) for run_id in ids], infos=infos,
+                                 hyperparams=knobs)
     except ValueError as exc:
         raise InputError(f"cannot learn a baseline of {task!r} from these runs: {exc}") from None
     kept: list[str] = []

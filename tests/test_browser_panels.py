@@ -42,7 +42,7 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     rollback = panel.find_element(By.ID, "diagnosis-rollback")
     assert "step 2,048" in rollback.text
     reading = panel.find_element(By.CSS_SELECTOR, "#joint-readings li[data-kind='trust_region']")
-    assert "trust region" in reading.text and "lower the learning rate" in reading.text
+    assert "trust region" in reading.text and "lower learning_rate towards 0.0003" in reading.text
 
     # The finding links to the KL plot, which is shaded: it loads, and its card is flagged critical.
     spike.find_element(By.CSS_SELECTOR, "a.metric-link").click()

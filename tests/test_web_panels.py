@@ -124,7 +124,7 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_in_triage_order_with_rollback(
     # Joint readings with interpretation and action.
     joint = panel[panel.index('id="joint-readings"'):]
     assert 'data-kind="trust_region"' in joint and "update leaving the trust region" in joint
-    assert "lower the learning rate" in joint
+    assert "lower learning_rate towards 0.0003" in joint  # the run logs learning_rate = 0.05
     # The affected plot card carries the anchor and the severity mark.
     card = re.search(r'<div id="plot-kl_old_mean" class="anchor flag-critical"', page)
     assert card, "the KL card is the anchor of the finding"
@@ -161,10 +161,13 @@ def test_plot_key_changes_when_the_diagnosis_changes(fresh):
     etag = first.headers["ETag"]
     assert c.get(url, headers={"If-None-Match": etag}).status_code == 304
     # A baseline for the task changes the diagnosis (entropy now also deviates from the healthy band)
-    # without touching the run's points or the dictionary: the picture, and its key, change.
-    from registry.health import build_task_baseline
+    # without touching the run's points or the dictionary: the picture, and its key, change. (The
+    # healthy run's curves stand in for three healthy runs: a weak baseline would only add info.)
+    from registry.diagnosis import build_baseline
+    from registry.health import _curves, save_baseline
 
-    build_task_baseline(reg, "CartPole-v1", [ids["cartpole_healthy_s0"]], author="tester")
+    healthy = _curves(reg, ids["cartpole_healthy_s0"])
+    save_baseline(reg, build_baseline("CartPole-v1", [healthy] * 3), [ids["cartpole_healthy_s0"]], "tester")
     second = c.get(url, headers={"If-None-Match": etag})
     assert second.status_code == 200 and second.headers["ETag"] != etag
     assert second.headers["X-Plot-Cache"] == "miss"
@@ -416,6 +419,10 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     assert not re.search(rf'<input checked[^>]*value="{bad}">', page)
     token = csrf_token(page)
     form = {"runs": [healthy], "author": "Ada", "note": "from the healthy seed"}
+    # One healthy run is refused unless a weak baseline is accepted explicitly.
+    refused = c.post("/baselines/CartPole-v1/build", data={**form, "csrf_token": token})
+    assert refused.status_code == 400 and "at least 3" in text(refused)
+    form["allow_weak"] = "y"
     assert c.post("/baselines/CartPole-v1/build", data=form).status_code == 400  # no CSRF token
     assert c.post("/baselines/CartPole-v1/build", data={"author": "Ada", "csrf_token": token}).status_code == 400
     response = c.post("/baselines/CartPole-v1/build", data={**form, "csrf_token": token})
@@ -456,15 +463,19 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     # The diagnosis of the task's runs now compares with it: the dashboard says so, the column follows.
     dash = text(c.get(f"/runs/{bad}"))
     assert "compared with baseline of CartPole-v1" in dash
-    assert 'id="baseline-findings"' in section(dash, "diagnosis-panel")
+    # Built from one run, it is a weak baseline: said so, and its deviations are notes, not problems.
+    panel = section(dash, "diagnosis-panel")
+    assert 'id="diagnosis-baseline-note">weak baseline (n=1)' in panel
+    assert 'id="baseline-findings"' not in panel and "weak baseline (n=1))" in panel
     # Rebuilding keeps the hand edit unless told otherwise.
     _logout(c)
     _login(c, "Ada", "analytical-engine")
     token = csrf_token(text(c.get("/baselines/CartPole-v1")))
     c.post("/baselines/CartPole-v1/build",
-           data={"runs": [healthy], "author": "Ada", "keep_edits": "y", "csrf_token": token})
+           data={"runs": [healthy], "author": "Ada", "keep_edits": "y", "allow_weak": "y", "csrf_token": token})
     assert c.get("/api/baselines/CartPole-v1").get_json()["metrics"]["kl_old_mean"]["mid"]["high"] == 0.03
-    c.post("/baselines/CartPole-v1/build", data={"runs": [healthy], "author": "Ada", "csrf_token": token})
+    c.post("/baselines/CartPole-v1/build", data={"runs": [healthy], "author": "Ada", "allow_weak": "y",
+                                                 "csrf_token": token})
     assert c.get("/api/baselines/CartPole-v1").get_json()["metrics"]["kl_old_mean"]["mid"]["high"] != 0.03
     assert c.get("/baselines/CartPole-v1/metrics/nope/edit").status_code == 404
     index = text(c.get("/baselines"))
@@ -508,7 +519,7 @@ def test_api_baseline_matches_the_spec(fresh, openapi):
     reg, ids = fresh
     from registry.health import build_task_baseline
 
-    build_task_baseline(reg, "CartPole-v1", [ids["cartpole_healthy_s0"]], author="Ada")
+    build_task_baseline(reg, "CartPole-v1", [ids["cartpole_healthy_s0"]], author="Ada", allow_weak=True)
     c = make_app(reg).test_client()
     body = validated(c, openapi, "/api/baselines/CartPole-v1")
     assert body["task"] == "CartPole-v1" and body["source_runs"] == [ids["cartpole_healthy_s0"]]

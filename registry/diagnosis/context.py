@@ -11,16 +11,38 @@ from .signal import Series, early_count, prepare
 from .types import Curve, Finding, MetricInfo
 
 
+LLM_METRICS = frozenset({"response_length_mean", "reward_sequence_mean", "reward_accuracy_mean",
+                         "response_truncation_rate", "kl_ref_mean", "reward_zero_std_fraction"})
+CONTROL_METRICS = frozenset({"episode_return_mean", "return_mean", "episode_length_mean", "episode_return_std"})
+
+
+def run_kind(curves: Mapping[str, Any]) -> str | None:
+    """``llm`` or ``control`` from the canonical metrics the run logs (None when neither shows)."""
+    names = set(curves)
+    if names & LLM_METRICS:
+        return "llm"
+    if names & CONTROL_METRICS:
+        return "control"
+    return None
+
+
 class Context:
     def __init__(self, curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
-                 settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None):
+                 settings: DiagnosisSettings, checkpoints: Sequence[int] = (), baseline: Any = None,
+                 hp: Any = None):
         self.curves = {k: (c if isinstance(c, Curve) else Curve(*c)) for k, c in curves.items()}
         self.metrics = dict(metrics)
         self.s = settings
         self.checkpoints = sorted(int(c) for c in checkpoints)
         self.baseline = baseline
+        #: The run's hyper-parameters as read for diagnosis (a RunSettings).
+        self.hp = hp
         self.findings: list[Finding] = []
+        #: Every range a detector asked for: name -> {"low", "high", "source"} (shown to the user).
+        self.ranges_used: dict[str, dict[str, Any]] = {}
         self._series: dict[str, Series | None] = {}
+        #: "llm" (responses, sequence rewards) or "control" (episodes, returns) or None: chooses wording.
+        self.run_kind = run_kind(self.curves)
         firsts = [int(c.steps[0]) for c in self.curves.values() if len(c)]
         lasts = [int(c.steps[-1]) for c in self.curves.values() if len(c)]
         self.first_step = min(firsts) if firsts else None
@@ -53,14 +75,18 @@ class Context:
         info = self.metrics.get(name)
         low = info.healthy_low if info else None
         high = info.healthy_high if info else None
+        source = (info.range_source if info is not None else None) or "dictionary"
         if low is None and high is None and self.baseline is not None and name in self.baseline.metrics:
             bands = [b for b in (self.baseline.metrics[name].early, self.baseline.metrics[name].mid) if b]
             if bands:
                 lo, hi = min(b.low for b in bands), max(b.high for b in bands)
                 pad = self.s.baseline_range_widen * max(hi - lo, 1e-12)
-                return lo - pad, hi + pad
+                low, high, source = lo - pad, hi + pad, f"learned from the {self.baseline.task} baseline"
         if low is None and high is None:
             low, high = self.s.fallback_ranges.get(name, (None, None))
+            source = "diagnosis default (DiagnosisSettings.fallback_ranges)"
+        if low is not None or high is not None:
+            self.ranges_used[name] = {"low": low, "high": high, "source": source}
         return low, high
 
     def higher_is_better(self, name: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .context import Context
+from .extra_detectors import EXTRA_DETECTORS
 from .signal import (mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
                      shift, window_ends)
 from .types import Finding
@@ -95,9 +96,12 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
                 + ("stays there" if to_end else f"stayed there for {b - a + 1} points"),
                 evidence={"level_before": float(np.median(pre)), "level_after": float(np.median(y[a:b + 1])),
                           "points": (b - a + 1) * sr.bin_size, "persists_to_end": float(to_end)},
-                causes=["the reward function crashed or returns a default of 0",
-                        "the data pipeline feeds empty/truncated responses or wrong labels",
-                        "a reward-model server stopped answering"],
+                causes=(["the reward function crashed or returns a default of 0",
+                         "the environment or its reward wrapper changed (episodes end at once)"]
+                        if ctx.run_kind == "control" else
+                        ["the reward function crashed or returns a default of 0",
+                         "the data pipeline feeds empty/truncated responses or wrong labels",
+                         "a reward-model server stopped answering"]),
                 check=["raw reward-function outputs for a batch at this step",
                        "reward components (accuracy/format) and response samples",
                        "logs of the reward service / dataset loader around this step"],
@@ -223,7 +227,7 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
 
     flat, early, late, imp, level = judge(n)
     if not flat:
-        return []
+        return _reward_plateau(ctx, name, sr, y, sign, low, high)
     grid = np.unique(np.linspace(max(6, min(n, st.flat_min_points)), n, num=20).round().astype(int))
     ok = np.array([judge(int(p))[0] for p in grid])
     bad = np.flatnonzero(~ok)
@@ -248,6 +252,49 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
                "entropy bonus) or shape the reward; compare with a solved configuration",
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
+
+
+def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low: float | None,
+                    high: float | None) -> list[Finding]:
+    """A reward that learned, then stopped improving well below its task range's top.
+
+    Judged only for control tasks with a task range: over the last ``plateau_frac`` of the
+    run the smoothed reward gains less than ``flat_min_improvement`` of the range while it
+    sits below ``flat_max_level`` of it. Without a range a plateau cannot be told from
+    convergence; for language-model tasks the range's top (every answer right) is rarely
+    reached, so a plateau below it is usually convergence too.
+    """
+    st = ctx.s
+    n = sr.n
+    if ctx.run_kind != "control" or low is None or high is None or high <= low or n < st.flat_min_points:
+        return []
+    width = high - low
+    tail = max(st.persist_min_points * 2, int(round(st.plateau_frac * n)))
+    if tail >= n:
+        return []
+    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    seg = s[n - tail:]
+    gain = (float(np.max(seg[-max(1, tail // 4):])) - float(seg[0])) / width
+    level = (float(np.median(y[n - max(1, tail // 4):])) - low) / width
+    if gain >= st.flat_min_improvement or level >= st.flat_max_level:
+        return []
+    if rank_corr(seg) >= st.plateau_max_corr:
+        return []                            # still rising steadily, only slowly: not a plateau yet
+    start = sr.step(n - tail)
+    return [ctx.finding(
+        "reward_flat", name, start, sr.step_end(n - 1), "warning",
+        f"reward stopped improving at {sign * float(np.median(y[-max(1, tail // 4):])):.4g} ({100 * level:.0f}% of "
+        f"the task range) over the last {tail * sr.bin_size} points ({100 * gain:.1f}% of the range gained)",
+        evidence={"plateau_level": sign * float(np.median(y[-max(1, tail // 4):])), "level_in_range": level,
+                  "improvement": gain, "plateau_points": tail * sr.bin_size,
+                  "range_low": low, "range_high": high},
+        causes=["exploration that stays too high (an entropy bonus that keeps the policy random)",
+                "the learning rate or update size became too small for further progress",
+                "the algorithm's defaults do not suit the task"],
+        check=["entropy over the plateau (still near its start?)", "clip fraction and KL",
+               "runs of the same task that succeeded (baseline)"],
+        action="compare the settings with a configuration that solved this task",
+        detected_at=sr.step_end(n - 1), layer=ctx.layer(name))]
 
 
 # ---------------------------------------------------------------------------------------
@@ -602,10 +649,28 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
         if evl is not None:
             ev["explained_variance"] = evl
             good_fit = evl >= st.vl_good_explained_variance
+    # Returns still climbing steadily: the critic chases a moving target, its loss cannot fall.
+    chasing = False
+    rname = ctx.first("reward")
+    if rname is not None and not good_fit:
+        rv = ctx.values_between(rname, start, end)
+        lo_r, hi_r = ctx.range(rname)
+        if rv.size >= 6:
+            sign = 1.0 if ctx.higher_is_better(rname) else -1.0
+            k = max(2, rv.size // 6)
+            gain = sign * (float(np.median(rv[-k:])) - float(np.median(rv[:k])))
+            scale = (hi_r - lo_r) if lo_r is not None and hi_r is not None and hi_r > lo_r else \
+                max(float(np.max(rv) - np.min(rv)), 1e-12)
+            ev["reward_gain"] = gain
+            # Only when the critic demonstrably fits what it can (explained variance known and
+            # fair): a flat loss with a critic that explains nothing is a critic problem.
+            fair = ev.get("explained_variance", -1.0) >= st.vl_chasing_explained_variance
+            chasing = fair and rank_corr(sign * rv) >= st.vl_chasing_corr and gain >= st.vl_chasing_gain * scale
     return [ctx.finding(
-        "value_loss_flat", name, start, end, "info" if good_fit else "warning",
+        "value_loss_flat", name, start, end, "info" if good_fit or chasing else "warning",
         f"value loss not decreasing: {early:.4g} early, {late:.4g} now"
-        + (" (but explained variance is high: the critic fits)" if good_fit else ""),
+        + (" (but explained variance is high: the critic fits)" if good_fit else "")
+        + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else ""),
         evidence=ev,
         causes=["the critic is not learning (value learning rate / vf_coef too small)",
                 "returns are non-stationary or badly scaled (no reward normalisation)",
@@ -659,6 +724,9 @@ def detect_signal_collapse(ctx: Context) -> list[Finding]:
         out.append(ctx.finding(
             "signal_collapse", name, start, end, sev, title, evidence=ev,
             causes=(["every sample already gets the maximal reward (task solved)"] if saturated else
+                    ["every episode ends with the same return (a deterministic policy in a deterministic "
+                     "environment)", "the reward is constant or broken", "the policy has collapsed (entropy)"]
+                    if ctx.run_kind == "control" else
                     ["all samples of a group get the same reward (too easy / too hard prompts)",
                      "the reward is constant or broken", "the policy has collapsed to one answer (entropy)"]),
             check=["reward level vs its task range", "reward sparsity per prompt group", "entropy"],
@@ -834,5 +902,5 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("advantage_drift", detect_advantage_drift),
     ("grad_norm_spikes", detect_grad_spikes),
     ("policy_loss_growing", detect_policy_loss_growing),
-)
+) + EXTRA_DETECTORS
 DETECTOR_IDS = tuple(d for d, _ in DETECTORS) + ("baseline_deviation",)

@@ -17,7 +17,11 @@ def metric_infos_from_definitions(definitions: Iterable[Mapping[str, Any]], task
     out = {}
     for d in definitions:
         lo, hi = healthy_range_for(d, task)
+        own = (d.get("task_ranges") or {}).get(task) if task else None
+        source = (f"dictionary: task range for {task}" if own else "dictionary: healthy range") \
+            if lo is not None or hi is not None else None
         out[str(d["name"])] = MetricInfo(
             name=str(d["name"]), layer=str(d.get("layer") or "diagnostic"), healthy_low=lo, healthy_high=hi,
-            smoothing_window=int(d.get("smoothing_window") or 10), higher_is_better=d.get("higher_is_better"))
+            smoothing_window=int(d.get("smoothing_window") or 10), higher_is_better=d.get("higher_is_better"),
+            quantity=d.get("quantity"), range_source=source)
     return out

@@ -35,7 +35,8 @@ def default_metric_infos(task: str | None = None,
     infos = metric_infos_from_definitions(default_definitions(), task)
     for name, (lo, hi) in (overrides or {}).items():
         base = infos.get(name) or MetricInfo(name=name)
-        infos[name] = MetricInfo(name, base.layer, lo, hi, base.smoothing_window, base.higher_is_better)
+        infos[name] = MetricInfo(name, base.layer, lo, hi, base.smoothing_window, base.higher_is_better,
+                                 base.quantity)
     return infos
 
 

@@ -40,10 +40,15 @@ METRIC_ROLES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("grad_norm",),
     "policy_loss": ("policy_loss",),
     "learning_rate": ("learning_rate",),
+    "truncation": ("response_truncation_rate",),
+    "zero_std_frac": ("reward_zero_std_fraction",),
+    "kl_coef": ("kl_coef",),
+    "eval_reward": ("eval_reward_mean",),
 }
 FIRST_ONLY_ROLES = frozenset({"reward", "kl_update", "length", "value_loss", "explained_variance",
                               "advantage_mean", "advantage_std", "grad_norm", "policy_loss",
-                              "learning_rate", "entropy", "clip_fraction"})
+                              "learning_rate", "entropy", "clip_fraction", "truncation", "zero_std_frac",
+                              "kl_coef", "eval_reward"})
 
 #: Layer a finding gets when its metric's definition does not say.
 DEFAULT_LAYERS: dict[str, str] = {
@@ -113,6 +118,11 @@ class DiagnosisSettings:
     flat_min_rel_improvement: float = 0.03
     #: Reward flat needs at least this many logged points (else it is only info).
     flat_min_points: int = 20
+    #: A plateau: over the last this fraction of the run the reward gains less than
+    #: flat_min_improvement of its task range while below flat_max_level of it.
+    plateau_frac: float = 0.3
+    #: ... and is not still rising steadily (rank correlation with time below this).
+    plateau_max_corr: float = 0.5
 
     # --- KL ---------------------------------------------------------------------------
     #: A KL point this many times its recent running level (trailing median) is a spike ...
@@ -170,6 +180,12 @@ class DiagnosisSettings:
     vl_min_points: int = 12
     #: Explained variance above this means the critic fits well: flat value loss is info.
     vl_good_explained_variance: float = 0.8
+    #: ... and so is a flat value loss while the return rises steadily (rank correlation with
+    #: time at least ``vl_chasing_corr``) by at least ``vl_chasing_gain`` of its range: the
+    #: targets move, so the loss cannot fall.
+    vl_chasing_corr: float = 0.8
+    vl_chasing_gain: float = 0.2
+    vl_chasing_explained_variance: float = 0.3
 
     # --- learning signal (advantage / reward std) ---------------------------------------
     #: Std below this fraction of its early level counts as zero.
@@ -210,6 +226,13 @@ class DiagnosisSettings:
     baseline_margin: float = 0.25
     baseline_warning_widths: float = 1.0
     baseline_min_points: int = 3
+    #: A baseline learned from fewer healthy runs is weak: its deviations are only info.
+    baseline_min_runs: int = 3
+    #: The band width used to measure a deviation is at least this many times the healthy
+    #: runs' logging noise, and at least ``baseline_rel_floor`` of the level (a saturated
+    #: metric's band has zero width).
+    baseline_noise_floor: float = 2.0
+    baseline_rel_floor: float = 0.01
     #: For a metric whose definition has no healthy range, the baseline's bands (early and
     #: mid together) widened by this many band widths on each side serve as one.
     baseline_range_widen: float = 1.0
@@ -217,6 +240,49 @@ class DiagnosisSettings:
     # --- joint readings ----------------------------------------------------------------------
     #: Findings overlap when their step ranges are within this fraction of the run's span.
     joint_overlap_frac: float = 0.05
+
+    # --- truncation, degenerate advantages, KL coefficient vs KL, eval vs train -------------
+    #: Share of responses cut at the maximum length above which it is a warning (when the
+    #: definition gives no healthy high) ...
+    truncation_warning: float = 0.2
+    #: ... and critical from this share on.
+    truncation_critical: float = 0.5
+    #: Share of zero-reward-std prompt groups: warning / critical level, and a rise from the
+    #: early to the late part of the run that is a warning whatever the level.
+    zero_std_warning: float = 0.5
+    zero_std_critical: float = 0.8
+    zero_std_rise: float = 0.3
+    #: KL coefficient and KL "move": rank correlation with time at least this and a relative
+    #: change at least ``coupled_min_change`` from the early to the late part.
+    coupled_min_corr: float = 0.6
+    coupled_min_change: float = 0.3
+    #: Evaluation reward falling by at least this fraction of its best while training rises.
+    eval_min_fall: float = 0.1
+
+    # --- causes from the run's own settings and metrics (registry/diagnosis/causes.py) -----
+    #: A setting counts as far from its reference (the task's healthy runs, else the
+    #: framework default) at this factor above or below it.
+    cause_setting_factor: float = 3.0
+    #: KL to the old policy below this fraction of its healthy high is "small".
+    cause_kl_small_frac: float = 0.02
+    #: Entropy "stayed" when its late level is at least this fraction of its early level ...
+    cause_entropy_kept_frac: float = 0.9
+    #: ... and "fell" when its late level is below this fraction of the early level.
+    cause_entropy_fell_frac: float = 0.5
+    #: An entropy coefficient at or above this is large (SB3's default is 0, TRL/verl use 0-0.001).
+    cause_ent_coef_large: float = 0.05
+    #: A reward equal to one value at this share of its points never changed (sparse reward).
+    cause_constant_share: float = 0.9
+    #: A critic whose explained variance stays below this does not fit the returns.
+    cause_critic_explained_variance: float = 0.1
+
+    # --- honest uncertainty ---------------------------------------------------------------
+    #: A metric with fewer logged points than this is "not enough data to judge".
+    min_points_to_judge: int = 8
+    #: Finding confidence: low below ``confidence_medium_points`` points of its metric,
+    #: medium below ``confidence_high_points``, else high.
+    confidence_medium_points: int = 12
+    confidence_high_points: int = 30
 
     #: Per-metric ranges used when the metric's definition has none: name -> (low, high).
     fallback_ranges: Mapping[str, tuple[float | None, float | None]] = field(

@@ -78,12 +78,17 @@ class MetricInfo:
     healthy_high: float | None = None
     smoothing_window: int = 10
     higher_is_better: bool | None = None
+    #: The definition's quantity (reward, kl, coefficient, throughput, ...), when known.
+    quantity: str | None = None
+    #: Where healthy_low/high come from ("dictionary: task range for CartPole-v1", ...).
+    range_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "layer": self.layer, "healthy_low": self.healthy_low,
             "healthy_high": self.healthy_high, "smoothing_window": self.smoothing_window,
-            "higher_is_better": self.higher_is_better,
+            "higher_is_better": self.higher_is_better, "quantity": self.quantity,
+            "range_source": self.range_source,
         }
 
     @classmethod
@@ -92,7 +97,8 @@ class MetricInfo:
             name=str(data["name"]), layer=str(data.get("layer") or "diagnostic"),
             healthy_low=_opt_float(data.get("healthy_low")), healthy_high=_opt_float(data.get("healthy_high")),
             smoothing_window=int(data.get("smoothing_window") or 10),
-            higher_is_better=data.get("higher_is_better"),
+            higher_is_better=data.get("higher_is_better"), quantity=data.get("quantity"),
+            range_source=data.get("range_source"),
         )
 
 
@@ -118,6 +124,19 @@ class Finding:
     detected_at: int | None = None
     rollback_step: int | None = None
     related_metrics: list[str] = field(default_factory=list)
+    #: Ranked candidate causes (:class:`registry.diagnosis.causes.Cause`), best supported first.
+    causes: list[Any] = field(default_factory=list)
+    #: How sure the finding is, from the amount of data behind it: high / medium / low.
+    confidence: str = "high"
+    #: What could not be checked while explaining it ("no KL curve: ...").
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cause(self) -> str | None:
+        """The key of the best-supported cause when it has real support (else None: not named)."""
+        if self.causes and self.causes[0].support >= 0.5:
+            return str(self.causes[0].key)
+        return None
 
     @property
     def id(self) -> str:
@@ -149,6 +168,8 @@ class Finding:
             "detected_at": None if self.detected_at is None else int(self.detected_at),
             "rollback_step": None if self.rollback_step is None else int(self.rollback_step),
             "related_metrics": list(self.related_metrics), "summary": self.summary(),
+            "causes": [c.to_dict() for c in self.causes], "cause": self.cause, "confidence": self.confidence,
+            "notes": list(self.notes),
         }
 
 
@@ -207,6 +228,18 @@ class Diagnosis:
     metrics_checked: list[str] = field(default_factory=list)
     missing_roles: list[str] = field(default_factory=list)
     baseline_task: str | None = None
+    #: Metrics present but with too few points to judge: [{"metric", "points", "needed", "text"}].
+    not_judged: list[dict[str, Any]] = field(default_factory=list)
+    #: What was checked: detector families that had enough data.
+    checked: list[str] = field(default_factory=list)
+    #: The run's hyper-parameters as read for diagnosis (framework, knob -> setting).
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: The baseline's strength when one was used: "n=3" or "weak baseline (n=1)".
+    baseline_note: str | None = None
+    #: Every healthy range a detector judged by: metric -> {"low", "high", "source"}.
+    ranges_used: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: "llm" or "control" (or None): how the texts are worded.
+    run_kind: str | None = None
 
     @property
     def worst_severity(self) -> str | None:
@@ -221,15 +254,37 @@ class Diagnosis:
         return [f for f in self.findings if f.detector == detector]
 
     @property
+    def enough_data(self) -> bool:
+        """Whether the run's objective (its reward/return) had enough points to be judged at all."""
+        return bool(self.checked) and not any(n.get("role") == "reward" for n in self.not_judged)
+
+    @property
     def healthy(self) -> bool:
-        """No finding of severity warning or above."""
-        return not self.at_least("warning")
+        """No finding of severity warning or above, and enough data to say so."""
+        return not self.at_least("warning") and self.enough_data
+
+    @property
+    def verdict(self) -> str:
+        """``problems``, ``healthy`` or ``not enough data``."""
+        if self.at_least("warning"):
+            return "problems"
+        return "healthy" if self.enough_data else "not enough data"
 
     def summary(self) -> str:
         n_warn = len(self.at_least("warning"))
+        unjudged = "; ".join(n["text"] for n in self.not_judged)
         if not n_warn:
-            return f"no problems found ({len(self.findings)} informational finding(s))"
-        return f"{n_warn} problem(s), worst {self.worst_severity}; first: {self.at_least('warning')[0].summary()}"
+            if not self.enough_data:
+                return "not enough data to judge this run" + (f": {unjudged}" if unjudged else
+                                                              " (no reward or return curve)")
+            text = f"no problems found ({len(self.findings)} informational finding(s))"
+        else:
+            text = f"{n_warn} problem(s), worst {self.worst_severity}; first: {self.at_least('warning')[0].summary()}"
+        if self.checked:
+            text += f"; checked: {', '.join(self.checked)}"
+        if unjudged:
+            text += f"; could not judge: {unjudged}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -246,6 +301,13 @@ class Diagnosis:
             "metrics_checked": list(self.metrics_checked),
             "missing_roles": list(self.missing_roles),
             "baseline_task": self.baseline_task,
+            "verdict": self.verdict,
+            "not_judged": [dict(n) for n in self.not_judged],
+            "checked": list(self.checked),
+            "settings": dict(self.settings),
+            "baseline_note": self.baseline_note,
+            "ranges_used": {k: dict(v) for k, v in sorted(self.ranges_used.items())},
+            "run_kind": self.run_kind,
         }
 
 

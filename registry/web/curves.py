@@ -75,10 +75,13 @@ class SmoothOptions:
             points=int_arg(args, "points", DISPLAY_POINTS, 10, MAX_POINTS) or DISPLAY_POINTS,
         )
 
-    def window_for(self, definition: Mapping[str, Any] | None) -> int:
+    def window_for(self, definition: Mapping[str, Any] | None, n_points: int | None = None) -> int:
+        """The window used: the user's as given; else the definition's, adapted to ``n_points``
+        (see :func:`smoothing.adaptive_window`) so a short run's smoothed line keeps its level."""
         if self.window is not None:
             return self.window
-        return int((definition or {}).get("smoothing_window") or DEFAULT_WINDOW)
+        default = int((definition or {}).get("smoothing_window") or DEFAULT_WINDOW)
+        return smoothing.adaptive_window(default, n_points)
 
     def key(self) -> tuple:
         return (self.method, self.window, self.ignore_outliers, self.points)
@@ -234,10 +237,14 @@ def describe_semantics(semantics: Mapping[str, Any] | None) -> str:
 
 def run_plot_spec(data: SeriesData, *, sign: float, definition: Mapping[str, Any] | None, task: str | None,
                   opts: SmoothOptions, title: str | None = None) -> tuple[PlotSpec, Prepared]:
-    window = opts.window_for(definition)
+    window = opts.window_for(definition, len(data.steps))
     p = prepare(data, sign, opts.method, window)
     raw_x, raw_y, sx, sy = reduce_for_display(p, opts.points)
     notes = []
+    default = int((definition or {}).get("smoothing_window") or DEFAULT_WINDOW)
+    if opts.window is None and window < default and opts.method != "none":
+        notes.append(f"smoothing window {window} (the definition's {default}, capped to "
+                     f"{smoothing.ADAPTIVE_FRACTION:.0%} of {fmt_count(len(data.steps))} points)")
     if len(raw_x) < len(p.x):
         notes.append(f"downsampled {fmt_count(len(p.x))} -> {fmt_count(len(raw_x))} points")
     if len(p.nonfinite_x):

@@ -38,6 +38,9 @@ DETECTOR_LABELS = {
     "value_loss_flat": "value loss flat", "signal_collapse": "signal collapse",
     "advantage_drift": "advantage drift", "grad_norm_spikes": "grad-norm spikes",
     "policy_loss_growing": "policy loss growing", "baseline_deviation": "outside the baseline",
+    "truncation": "responses truncated", "advantage_degenerate": "no learning signal",
+    "kl_coef_opposite": "KL coefficient vs KL", "eval_diverging": "eval falling, train rising",
+    "unusual_setting": "unusual setting", "components_diverging": "reward components diverge",
 }
 SEVERITY_LABELS = {"critical": "critical", "warning": "warning", "info": "info"}
 PREFIX_CHOICES = (("", "auto"), ("0.1", "first 10%"), ("0.25", "first 25%"), ("0.5", "first 50%"),
@@ -98,6 +101,8 @@ def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | 
         "action": _action(f), "rollback_step": f.get("rollback_step"),
         "detected_at": f.get("detected_at"), "reading": reading, "summary": f.get("summary"),
         "related": [m for m in f.get("related_metrics") or [] if m != metric],
+        "ranked_causes": [c for c in f.get("causes") or [] if c.get("key") != "generic"],
+        "named_cause": f.get("cause"), "confidence": f.get("confidence") or "high", "notes": list(f.get("notes") or []),
     }
 
 
@@ -154,6 +159,10 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         "first_step": d.get("first_step"), "last_step": d.get("last_step"),
         "metrics_checked": len(d.get("metrics_checked") or []), "missing_roles": d.get("missing_roles") or [],
         "summary": d.get("summary") or "", "healthy": bool(d.get("healthy", True)), "worst": worst,
+        "verdict": d.get("verdict") or ("problems" if found.n_problems else "healthy"),
+        "not_judged": list(d.get("not_judged") or []), "checked": list(d.get("checked") or []),
+        "baseline_note": d.get("baseline_note"),
+        "ranges_used": [{"metric": k, **v} for k, v in sorted((d.get("ranges_used") or {}).items())],
         "n_problems": found.n_problems, "n_warning": found.n_warning, "n_critical": found.n_critical,
         "n_info": found.n_info, "first_problem_step": first,
         "triage_items": [i for i in items if i["layer"] != "comparison"],

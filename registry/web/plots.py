@@ -176,7 +176,7 @@ def run_data(ref: str, fmt: str) -> Response:
 
     def make() -> bytes:
         data = reg.read_series(sref.run_id, sref.key)
-        window = opts.window_for(sref.definition(reg))
+        window = opts.window_for(sref.definition(reg), len(data.steps))
         p = prepare(data, sref.sign, opts.method, window)
         rows = export_rows(p)
         if fmt == "csv":

@@ -24,6 +24,22 @@ METHOD_LABELS = {
     "none": "no smoothing",
 }
 MAX_WINDOW = 100000
+#: A definition's default window is capped to this fraction of the series' points, so that a
+#: short run's smoothed line keeps the curve's level: a 50-point window on a 49-point run
+#: would average the whole run and end far below (or above) where the raw points end.
+ADAPTIVE_FRACTION = 0.1
+
+
+def adaptive_window(default: int, n_points: int | None) -> int:
+    """The window a definition's default ``default`` becomes on a series of ``n_points`` points.
+
+    ``min(default, max(1, round(ADAPTIVE_FRACTION * n_points)))``; an explicit window chosen by
+    the user is never adapted (callers pass it through unchanged).
+    """
+    default = max(1, int(default))
+    if n_points is None or n_points <= 0:
+        return default
+    return int(min(default, max(1, round(ADAPTIVE_FRACTION * n_points))))
 
 
 def ema_weight(window: int) -> float:

@@ -224,7 +224,7 @@ def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Map
     value = None if last is None else last * sign
     semantics = series.get("semantics") or {}
     caption = describe_semantics(semantics) if definition else "unmapped: raw values as logged"
-    window = opts.window_for(definition)
+    window = opts.window_for(definition, series.get("count"))
     low, high = healthy_range_for(definition, run.get("task")) if definition else (None, None)
     params = {"key": series["key"], **opts.query()}
     sem_title = "; ".join(
@@ -437,6 +437,8 @@ class _Checkboxes(SelectMultipleField):
 class BaselineBuildForm(FlaskForm):
     runs = _Checkboxes("Learn from these runs", choices=[], validate_choice=True)
     keep_edits = BooleanField("Keep the bands the team edited by hand", default=True)
+    allow_weak = BooleanField("Accept a weak baseline (fewer than 3 healthy runs; labelled so wherever it is used)",
+                              default=False)
     author = StringField("Your name", validators=[Optional(), Length(max=200)],
                          description="Recorded with the baseline")
     note = StringField("Why (optional)", validators=[Optional(), Length(max=2000)])
@@ -588,7 +590,7 @@ def baseline_build(task: str):
         return _baseline_page(task, form, 400)
     try:
         profile = build_task_baseline(reg, task, form.runs.data, author=author, keep_edits=form.keep_edits.data,
-                                      note=(form.note.data or "").strip())
+                                      note=(form.note.data or "").strip(), allow_weak=form.allow_weak.data)
     except InputError as exc:
         return _baseline_page(task, form, 400, error=str(exc))
     flash(f"Built the {task} baseline: {len(profile.metrics)} metrics from {len(form.runs.data)} run(s).", "success")

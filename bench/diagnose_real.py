@@ -1,0 +1,194 @@
+"""Diagnosis on the labelled real run set (stable-baselines3 PPO sweep), tuning vs held-out.
+
+The runs are in ``tests/data/real/sb3_sweep/<run>/`` (event file + params.json, trained by
+``bench/real_runs/make_sb3_sweep.py``); ``labels.yaml`` there says, per run, what its curves
+show (healthy, or the problems seen, each with the detectors that count as finding it and
+the steps it spans), the cause, and the observation the label was read from; ``split.yaml``
+says which runs were used for tuning and which are held out (fixed before tuning).
+
+Printed separately for the tuning and the held-out part:
+
+* detection recall: labelled problems found by a finding of severity warning or above, of
+  one of the problem's detectors, overlapping its steps;
+* detection precision: warning-or-above findings on problem runs whose detector is one of the
+  run's problems' detectors or a listed consequence, over all warning-or-above findings on
+  problem runs;
+* false alarms on healthy runs: healthy runs with any finding of severity warning or above,
+  without a baseline and with one (learned from the other healthy runs of the same
+  environment, leave-one-out; a baseline of fewer than 3 runs is weak and says so);
+* runs labelled ``borderline`` (a difference from the healthy runs that is not a failure) are
+  listed with their verdict, not scored;
+* cause accuracy: of the warning-or-above findings that detect a labelled problem (or a
+  listed consequence), the share whose *named* cause (best-supported, support >= 0.5) is
+  the label's cause; findings with no named cause count as wrong.
+
+Run: .venv/bin/python bench/diagnose_real.py [--verbose] [--runs DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from registry.diagnosis import build_baseline, diagnose  # noqa: E402
+from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
+from registry.diagnosis.hyperparams import settings_for_baseline  # noqa: E402
+
+RUNS = ROOT / "tests" / "data" / "real" / "sb3_sweep"
+
+TARGET_RECALL = 1.0
+TARGET_CAUSE = 0.9
+
+
+def load_set(root: Path) -> tuple[dict, dict]:
+    labels = yaml.safe_load((root / "labels.yaml").read_text())["runs"]
+    split = yaml.safe_load((root / "split.yaml").read_text())
+    part = {name: "tuning" for name in split["tuning"]}
+    part.update({name: "held_out" for name in split["held_out"]})
+    return labels, part
+
+
+def run_inputs(root: Path, name: str) -> tuple[dict, dict, str]:
+    params = json.loads((root / name / "params.json").read_text())
+    return load_sb3_run(root / name), params, params["env"]
+
+
+def baselines_for(root: Path, labels: dict, healthy_of_env: dict[str, list[str]], leave_out: str | None, env: str):
+    names = [n for n in healthy_of_env.get(env, []) if n != leave_out]
+    if not names:
+        return None
+    inputs = [run_inputs(root, n) for n in names]
+    knobs = settings_for_baseline([p for _, p, _ in inputs], "stable-baselines3")
+    return build_baseline(env, [c for c, _, _ in inputs], infos=default_metric_infos(env), hyperparams=knobs)
+
+
+def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
+    labels, part = load_set(root)
+    healthy_of_env: dict[str, list[str]] = defaultdict(list)
+    for name, lab in labels.items():
+        if lab["label"] == "healthy":
+            healthy_of_env[lab["env"]].append(name)
+    stats: dict[str, dict] = {p: defaultdict(float) | {"misses": [], "false_alarms": [], "wrong_causes": [],
+                                                        "fp": [], "rows": [], "borderline": []} for p in ("tuning", "held_out")}
+    for name in sorted(labels):
+        lab = labels[name]
+        if name not in part:
+            raise SystemExit(f"{name} is labelled but in neither part of split.yaml")
+        st = stats[part[name]]
+        curves, params, env = run_inputs(root, name)
+        infos = default_metric_infos(env)
+        d = diagnose(curves, infos, params=params, framework="stable-baselines3")
+        warn = d.at_least("warning")
+        base = baselines_for(root, labels, healthy_of_env, name, env)
+        db = diagnose(curves, infos, baseline=base, params=params, framework="stable-baselines3") \
+            if base is not None else None
+        named = sorted({f"{f.detector}->{f.cause}" for f in warn})
+        st["rows"].append(f"{name:<24} {lab['label']:<8} {str(lab.get('cause')):<20} {d.verdict:<9} "
+                          f"{', '.join(named) or '-'}")
+        if verbose:
+            print(f"\n== {name} [{part[name]}] label={lab['label']} cause={lab.get('cause')}: {d.verdict}")
+            for f in d.findings:
+                print(f"   {f.summary()[:140]} | cause={f.cause} conf={f.confidence}")
+        if lab["label"] == "borderline":
+            wb = db.at_least("warning") if db is not None else []
+            st["borderline"].append(
+                f"{name}: {d.verdict}; " + ("; ".join(f.summary()[:100] for f in warn) or "no warning")
+                + (f" | with {db.baseline_note}: {db.verdict}; " + ("; ".join(f.summary()[:120] for f in wb)
+                                                                   or "no warning") if db is not None else ""))
+            continue
+        if lab["label"] == "healthy":
+            st["healthy_runs"] += 1
+            if warn:
+                st["healthy_alarm"] += 1
+                st["false_alarms"].append(f"{name}: " + "; ".join(f.summary()[:100] for f in warn))
+            if db is not None:
+                st["healthy_with_baseline"] += 1
+                wb = db.at_least("warning")
+                if wb:
+                    st["healthy_alarm_baseline"] += 1
+                    st["false_alarms"].append(f"{name} (with {db.baseline_note}): "
+                                              + "; ".join(f.summary()[:100] for f in wb))
+            continue
+        st["problem_runs"] += 1
+        allowed = set(lab.get("consequences") or [])
+        for prob in lab["problems"]:
+            allowed |= set(prob["detectors"])
+            lo, hi = prob["steps"]
+            hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
+            st["problems"] += 1
+            if hit:
+                st["found"] += 1
+            else:
+                st["misses"].append(f"{name}: {prob['detectors']} in steps {lo}-{hi}; found "
+                                    + (", ".join(f.detector for f in warn) or "nothing"))
+        for f in warn:
+            if f.detector in allowed:
+                st["tp"] += 1
+                st["cause_total"] += 1
+                if f.cause == lab["cause"]:
+                    st["cause_right"] += 1
+                else:
+                    st["wrong_causes"].append(f"{name}: {f.detector} named {f.cause!r}, label {lab['cause']!r}")
+            else:
+                st["fp_findings"] += 1
+                st["fp"].append(f"{name}: {f.summary()[:110]}")
+        if db is not None:
+            st["problem_runs_baseline"] += 1
+            found_b = sum(1 for prob in lab["problems"] if any(
+                f.detector in prob["detectors"] and f.start <= prob["steps"][1] and f.end >= prob["steps"][0]
+                for f in db.at_least("warning")))
+            st["found_baseline"] += found_b
+    return stats
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f} ({a:.0f}/{b:.0f})" if b else "n/a (0/0)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, default=RUNS)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    stats = evaluate(args.runs, args.verbose)
+    missed = []
+    print(f"\nreal SB3 PPO sweep: {args.runs}")
+    for p in ("tuning", "held_out"):
+        st = stats[p]
+        print(f"\n[{p}] {st['problem_runs']:.0f} problem runs ({st['problems']:.0f} labelled problems), "
+              f"{st['healthy_runs']:.0f} healthy runs")
+        print(f"  detection recall     {_ratio(st['found'], st['problems'])}")
+        print(f"  detection precision  {_ratio(st['tp'], st['tp'] + st['fp_findings'])}")
+        print(f"  recall with baseline {_ratio(st['found_baseline'], st['problems'])}")
+        print(f"  false alarms on healthy runs: without baseline {_ratio(st['healthy_alarm'], st['healthy_runs'])}, "
+              f"with baseline {_ratio(st['healthy_alarm_baseline'], st['healthy_with_baseline'])}")
+        print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}")
+        print(f"    {'run':<24} {'label':<8} {'labelled cause':<20} {'verdict':<9} warning findings -> named cause")
+        for row in st["rows"]:
+            print(f"    {row}")
+        for key, title in (("misses", "missed"), ("false_alarms", "false alarm"), ("fp", "unexpected finding"),
+                           ("wrong_causes", "cause"), ("borderline", "borderline (not scored)")):
+            for line in st[key]:
+                print(f"    {title}: {line}")
+        if st["problems"] and st["found"] / st["problems"] < TARGET_RECALL:
+            missed.append(f"{p}: recall {st['found'] / st['problems']:.2f} < {TARGET_RECALL}")
+        if st["healthy_alarm"] or st["healthy_alarm_baseline"]:
+            missed.append(f"{p}: warnings on healthy runs")
+        if st["cause_total"] and st["cause_right"] / st["cause_total"] < TARGET_CAUSE:
+            missed.append(f"{p}: named cause right {st['cause_right'] / st['cause_total']:.2f} < {TARGET_CAUSE}")
+    if missed:
+        print("\ntargets missed:\n  - " + "\n  - ".join(missed))
+        return 1
+    print("\nall targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

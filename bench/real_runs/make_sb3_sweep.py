@@ -1,0 +1,132 @@
+"""Train the labelled real run set: stable-baselines3 PPO on CPU over a hyperparameter sweep.
+
+Each run trains one PPO agent (one environment, one torch thread) and writes its TensorBoard
+event file, with the run's hyperparameters both as an HParams summary in the event file and
+as ``params.json`` beside it, to ``tests/data/real/sb3_sweep/<run>/``. Runs are trained one
+after another (the machine is shared); a run whose directory already holds an event file is
+skipped, so the script can be resumed.
+
+The sweep is in :data:`SWEEP`. Labels are *not* written here: they come from looking at the
+curves afterwards (``labels.yaml`` beside the runs, with the observation per run).
+
+Needs a separate environment with torch, stable-baselines3, gymnasium and tensorboard:
+
+    python3 -m venv /tmp/sb3venv && /tmp/sb3venv/bin/pip install torch stable-baselines3 gymnasium tensorboard
+    /tmp/sb3venv/bin/python bench/real_runs/make_sb3_sweep.py [--only NAME ...] [--list]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "data" / "real" / "sb3_sweep"
+
+#: Every run collects rollouts of ``n_steps = 1024`` (SB3's default is 2048) so that a 60k-step run
+#: logs about 59 updates instead of 29; everything else is SB3's default unless the run says so.
+BASE = {"n_steps": 1024}
+
+#: name -> (environment, seed, total timesteps, PPO keyword arguments on top of BASE)
+SWEEP: dict[str, tuple[str, int, int, dict]] = {
+    # CartPole-v1: SB3 defaults reach the 500 cap within about 60k steps.
+    "cartpole_default_s1": ("CartPole-v1", 1, 60_000, {}),
+    "cartpole_default_s2": ("CartPole-v1", 2, 60_000, {}),
+    "cartpole_default_s3": ("CartPole-v1", 3, 60_000, {}),
+    "cartpole_default_s4": ("CartPole-v1", 4, 60_000, {}),
+    "cartpole_lr_1e-2": ("CartPole-v1", 1, 60_000, {"learning_rate": 1e-2}),
+    "cartpole_lr_3e-2": ("CartPole-v1", 2, 60_000, {"learning_rate": 3e-2}),
+    "cartpole_lr_1e-6": ("CartPole-v1", 1, 60_000, {"learning_rate": 1e-6}),
+    "cartpole_lr_3e-6": ("CartPole-v1", 2, 60_000, {"learning_rate": 3e-6}),
+    "cartpole_clip_0.02": ("CartPole-v1", 1, 60_000, {"clip_range": 0.02}),
+    "cartpole_clip_0.01": ("CartPole-v1", 2, 60_000, {"clip_range": 0.01}),
+    "cartpole_clip_10": ("CartPole-v1", 1, 60_000, {"clip_range": 10.0}),
+    "cartpole_ent_-0.05": ("CartPole-v1", 1, 60_000, {"ent_coef": -0.05}),
+    "cartpole_ent_-0.2": ("CartPole-v1", 2, 60_000, {"ent_coef": -0.2}),
+    "cartpole_ent_0.5": ("CartPole-v1", 1, 60_000, {"ent_coef": 0.5}),
+    "cartpole_epochs_60": ("CartPole-v1", 1, 20_000, {"n_epochs": 60}),
+    # Acrobot-v1: SB3 defaults learn it (-500 -> about -100) within 60k steps.
+    "acrobot_default_s1": ("Acrobot-v1", 1, 60_000, {}),
+    "acrobot_default_s2": ("Acrobot-v1", 2, 60_000, {}),
+    "acrobot_default_s3": ("Acrobot-v1", 3, 60_000, {}),
+    "acrobot_lr_3e-2": ("Acrobot-v1", 1, 60_000, {"learning_rate": 3e-2}),
+    "acrobot_lr_1e-6": ("Acrobot-v1", 1, 60_000, {"learning_rate": 1e-6}),
+    "acrobot_clip_0.02": ("Acrobot-v1", 1, 60_000, {"clip_range": 0.02}),
+    "acrobot_ent_-0.1": ("Acrobot-v1", 1, 60_000, {"ent_coef": -0.1}),
+    "acrobot_ent_1.0": ("Acrobot-v1", 1, 60_000, {"ent_coef": 1.0}),
+    "acrobot_epochs_60": ("Acrobot-v1", 1, 20_000, {"n_epochs": 60}),
+    # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
+    "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
+    # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
+    "mountaincar_default_s1": ("MountainCar-v0", 1, 60_000, {}),
+}
+
+#: SB3 PPO constructor defaults written into params.json so a run's file is complete on its own
+#: (stable_baselines3/ppo/ppo.py, PPO.__init__; checked in stable-baselines3 2.9.2).
+SB3_PPO_DEFAULTS = {"learning_rate": 3e-4, "n_steps": 2048, "batch_size": 64, "n_epochs": 10, "gamma": 0.99,
+                    "gae_lambda": 0.95, "clip_range": 0.2, "normalize_advantage": True, "ent_coef": 0.0,
+                    "vf_coef": 0.5, "max_grad_norm": 0.5, "target_kl": None}
+
+
+def train(name: str, env_id: str, seed: int, steps: int, overrides: dict) -> Path:
+    import torch
+    from stable_baselines3 import PPO, __version__ as sb3_version
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import HParam
+
+    torch.set_num_threads(1)
+    overrides = {**BASE, **overrides}
+    params = {**SB3_PPO_DEFAULTS, **overrides}
+    record = {"env": env_id, "algorithm": "PPO", "framework": "stable-baselines3", "seed": seed,
+              "total_timesteps": steps, "sb3_version": sb3_version, "torch_version": torch.__version__, **params}
+
+    class LogHParams(BaseCallback):
+        def _on_training_start(self) -> None:
+            hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in record.items()}
+            self.logger.record("hparams", HParam(hp, {"rollout/ep_rew_mean": 0.0}),
+                               exclude=("stdout", "log", "json", "csv"))
+
+        def _on_step(self) -> bool:
+            return True
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = PPO("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, tensorboard_log=tmp,
+                    **{k: v for k, v in overrides.items()})
+        model.learn(total_timesteps=steps, callback=LogHParams(), tb_log_name=name)
+        files = sorted(Path(tmp).rglob("events.out.tfevents.*"))
+        if len(files) != 1:
+            raise RuntimeError(f"{name}: expected one event file, found {len(files)}")
+        dest = OUT / name
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(files[0], dest / files[0].name)
+    (dest / "params.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="train only these runs")
+    ap.add_argument("--list", action="store_true", help="list the sweep and exit")
+    args = ap.parse_args(argv)
+    names = args.only or list(SWEEP)
+    for name in names:
+        env_id, seed, steps, overrides = SWEEP[name]
+        if args.list:
+            print(f"{name:<26} {env_id:<15} seed {seed} {steps:>7} steps {dict(BASE, **overrides)}")
+            continue
+        dest = OUT / name
+        if any(dest.glob("events.out.tfevents.*")):
+            print(f"{name}: already trained, skipped", flush=True)
+            continue
+        t0 = time.perf_counter()
+        train(name, env_id, seed, steps, overrides)
+        print(f"{name}: trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Diagnosis of the committed real SB3 PPO runs, registered into a real SQLite registry.
+
+Each run is an event directory trained by ``bench/real_runs/make_sb3_sweep.py`` (its
+hyperparameters in the event file's HParams summary); ``labels.yaml`` beside the runs says
+what the curves show and the cause a finding should name. The tests read the labels and
+check the stored runs' diagnoses against them: every labelled problem found, the named cause
+the label's, the advice never the opposite of what the run's settings call for, healthy runs
+without a warning (with and without a baseline of the other healthy runs).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from registry.errors import InputError
+from registry.health import build_task_baseline, diagnose_run
+from registry.store import Registry
+
+SWEEP = Path(__file__).parent / "data" / "real" / "sb3_sweep"
+LABELS = yaml.safe_load((SWEEP / "labels.yaml").read_text())["runs"]
+HEALTHY_CARTPOLE = sorted(n for n, lab in LABELS.items() if lab["env"] == "CartPole-v1" and lab["label"] == "healthy")
+PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem")
+BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('real') / 'real.db'}")
+    for name in HEALTHY_CARTPOLE + PROBLEM_RUNS + BORDERLINE_RUNS:
+        tags = ["healthy"] if LABELS[name]["label"] == "healthy" else []
+        reg.register(SWEEP / name, name=name, project="sb3-sweep", algorithm="PPO", tags=tags)
+    yield reg
+    reg.close()
+
+
+def test_registration_keeps_the_hyperparameters_the_diagnosis_reads(registry):
+    detail = registry.run_detail("cartpole_clip_0.02" if "cartpole_clip_0.02" in LABELS else HEALTHY_CARTPOLE[0])
+    assert detail["framework"] == "stable-baselines3" and detail["task"] == "CartPole-v1"
+    d = diagnose_run(registry, detail["id"])
+    clip = d.settings["settings"]["clip_range"]
+    assert clip["source"] == "hyperparameter 'clip_range'" and clip["value"] == detail["params"]["clip_range"]
+    assert clip["default"] == 0.2 and "stable-baselines3 2.9.2" in clip["default_source"]
+
+
+@pytest.mark.parametrize("name", PROBLEM_RUNS)
+def test_labelled_problems_are_found_with_the_labelled_cause(registry, name):
+    lab = LABELS[name]
+    d = diagnose_run(registry, name, use_baseline=False)
+    warn = d.at_least("warning")
+    assert not d.healthy
+    for prob in lab["problems"]:
+        lo, hi = prob["steps"]
+        hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
+        assert hit, f"{name}: {prob['what']} not found ({[f.summary() for f in warn]})"
+        assert any(f.cause == lab["cause"] for f in hit), \
+            f"{name}: {[(f.detector, f.cause) for f in hit]} instead of {lab['cause']}"
+    allowed = {det for p in lab["problems"] for det in p["detectors"]} | set(lab.get("consequences") or [])
+    assert {f.detector for f in warn} <= allowed
+
+
+@pytest.mark.parametrize("name", PROBLEM_RUNS)
+def test_advice_is_never_the_opposite_of_what_the_runs_settings_call_for(registry, name):
+    d = diagnose_run(registry, name, use_baseline=False)
+    settings = d.settings["settings"]
+    lr = settings.get("learning_rate", {})
+    for f in d.at_least("warning"):
+        action = f.suggested_action
+        if lr and lr["value"] <= lr["default"]:
+            assert "lower learning_rate" not in action and "lower the learning rate" not in action, (name, action)
+        if lr and lr["value"] >= lr["default"]:
+            assert "raise learning_rate" not in action and "raise the learning rate" not in action, (name, action)
+        if f.cause is not None:
+            assert f.causes[0].evidence, f"{name}: cause {f.cause} named without evidence"
+
+
+@pytest.mark.parametrize("name", BORDERLINE_RUNS)
+def test_a_borderline_run_shows_its_unusual_setting_without_calling_it_a_problem(registry, name):
+    d = diagnose_run(registry, name, use_baseline=False)
+    notes = d.by_detector("unusual_setting")
+    assert notes and all(f.severity == "info" for f in notes)
+    cause = LABELS[name]["cause"]
+    knob = cause.rsplit("_", 1)[0]                     # ent_coef_negative -> ent_coef
+    assert any(f.metric == f"param:{knob}" for f in notes)
+
+
+def test_healthy_runs_are_healthy_with_and_without_a_baseline_of_the_other_healthy_runs(registry):
+    for name in HEALTHY_CARTPOLE:
+        d = diagnose_run(registry, name, use_baseline=False)
+        assert d.healthy, [f.summary() for f in d.at_least("warning")]
+        others = [n for n in HEALTHY_CARTPOLE if n != name]
+        build_task_baseline(registry, "CartPole-v1", others, author="test")
+        db = diagnose_run(registry, name)
+        assert db.baseline_note == f"baseline of n={len(others)} healthy runs"
+        assert db.healthy, [f.summary() for f in db.at_least("warning")]
+
+
+def test_a_baseline_needs_three_healthy_runs_unless_a_weak_one_is_accepted(registry):
+    with pytest.raises(InputError, match="at least 3"):
+        build_task_baseline(registry, "CartPole-v1", HEALTHY_CARTPOLE[:1], author="test")
+    prof = build_task_baseline(registry, "CartPole-v1", HEALTHY_CARTPOLE[:1], author="test", allow_weak=True)
+    assert prof.weak and prof.to_dict()["strength"] == "weak baseline (n=1)"
+    # Only health metrics get a band: never a hyperparameter, schedule or throughput.
+    assert not {"clip_range", "learning_rate", "throughput_steps_per_s"} & set(prof.metrics)
+    assert prof.hyperparams["learning_rate"] == [0.0003]
+    build_task_baseline(registry, "CartPole-v1", HEALTHY_CARTPOLE, author="test")
+
+
+def test_a_few_pasted_steps_are_not_enough_to_call_a_run_healthy(registry, tmp_path):
+    csv = tmp_path / "excerpt.csv"
+    csv.write_text("step,rollout/ep_rew_mean,train/approx_kl\n1024,22.1,0.006\n2048,24.0,0.005\n")
+    registry.register(csv, name="excerpt", framework="stable-baselines3", task="CartPole-v1")
+    d = diagnose_run(registry, "excerpt")
+    assert not d.healthy and d.verdict == "not enough data"
+    assert "not enough data to judge episode_return_mean (2 point(s), 8 needed)" in d.summary()
+
+
+def test_cli_names_the_cause_and_refuses_a_one_run_baseline(registry):
+    from click.testing import CliRunner
+
+    from registry.cli import cli
+
+    runner = CliRunner()
+    out = runner.invoke(cli, ["--db", registry.url, "diagnose", "cartpole_clip_0.02", "--no-baseline"])
+    assert out.exit_code == 0, out.output
+    assert "clip_range = 0.02, 10x below the SB3 default 0.2" in out.output and "do: raise clip_range" in out.output
+    refused = runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1", "--run",
+                                  HEALTHY_CARTPOLE[0]])
+    assert refused.exit_code == 1 and "at least 3" in refused.output
+    weak = runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1", "--run",
+                               HEALTHY_CARTPOLE[0], "--allow-weak"])
+    assert weak.exit_code == 0 and "weak baseline (n=1)" in weak.output
+    runner.invoke(cli, ["--db", registry.url, "baseline", "build", "CartPole-v1"])
