@@ -69,6 +69,32 @@ REAL_FRAMEWORK_RUNS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 
 
+# The same task trained with two frameworks whose numbers mean different things: verl with the k1
+# KL loss (kl_loss_type=kl) and sequence-averaged losses, TRL with its k3 KL and token-averaged
+# dapo loss. The compare view of the pair warns before overlaying them.
+PAIR_PROJECT, PAIR_TASK = "math-grpo-frameworks", "synthetic-math"
+FRAMEWORK_PAIR: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
+    ("math-grpo-verl-k1-s3", "verl", 3, {
+        "actor": {"optim": {"lr": 1e-6}, "use_kl_loss": True, "kl_loss_coef": 0.001, "kl_loss_type": "kl",
+                  "loss_agg_mode": "seq-mean-token-mean", "clip_ratio": 0.2, "ppo_epochs": 1},
+        "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True},
+        "data": {"train_batch_size": 256, "max_response_length": 1024}, "rollout": {"n": 8}, "seed": 3}),
+    ("math-grpo-trl-k3-s4", "trl", 4, {
+        "learning_rate": 1e-6, "beta": 0.04, "loss_type": "dapo", "num_iterations": 2, "epsilon": 0.2,
+        "scale_rewards": "group", "num_generations": 8, "max_completion_length": 1024, "seed": 4}),
+)
+# What TRL's GRPOTrainer logs (trl 1.16, the real run in tests/data/real/trl_grpo_tiny): canonical
+# name -> (key, sign). It logs no advantage, old-policy KL or policy-loss series of its own.
+TRL_GRPO_KEYS: dict[str, tuple[str, float]] = {
+    "reward_sequence_mean": ("reward", 1.0), "reward_std": ("reward_std", 1.0),
+    "reward_accuracy_mean": ("rewards/accuracy_reward/mean", 1.0),
+    "reward_format_mean": ("rewards/format_reward/mean", 1.0),
+    "kl_ref_mean": ("kl", 1.0), "clip_fraction": ("clip_ratio/region_mean", 1.0), "entropy": ("entropy", 1.0),
+    "response_length_mean": ("completions/mean_length", 1.0), "grad_norm": ("grad_norm", 1.0),
+    "learning_rate": ("learning_rate", 1.0), "total_loss": ("loss", 1.0),
+}
+
+
 def hyperparameters(algorithm: str, lr: float, seed: int) -> dict[str, Any]:
     """What the trainer's config would say (the generator's curve-shape parameters stay hidden)."""
     if algorithm == "grpo":
@@ -131,13 +157,34 @@ def alias_keys(definitions: Mapping[str, Mapping[str, Any]], framework: str,
     return out
 
 
-def _raw_series(curves: Mapping[str, Any], keys: Mapping[str, tuple[str, float]]) -> dict[str, SeriesData]:
+def _raw_series(curves: Mapping[str, Any], keys: Mapping[str, tuple[str, float]],
+                only_keyed: bool = False) -> dict[str, SeriesData]:
+    """The curves under the framework's keys (``only_keyed``: a metric without a key is not logged)."""
     data = {}
     for name, curve in curves.items():
+        if only_keyed and name not in keys:
+            continue
         key, sign = keys.get(name, (name, 1.0))
         # Store what the framework would have logged: canonical value / sign (SB3's -entropy).
         data[key] = SeriesData(np.asarray(curve.steps, np.int64), np.asarray(curve.values, np.float64) / sign)
     return data
+
+
+def _add_synthetic(reg: Registry, run: Any, name: str, project: str, framework: str,
+                   keys: Mapping[str, tuple[str, float]], params: Mapping[str, Any], tags: list[str],
+                   echo: Callable[[str], None], only_keyed: bool = False) -> None:
+    """Register one synthetic run under ``framework``'s keys, then judge it by ``demo_outcome``."""
+    verdict, final, normalized, reason = demo_outcome(run)
+    result = reg.register_arrays(
+        name, _raw_series(run.curves, keys, only_keyed), project=project, algorithm=run.algorithm.upper(),
+        framework=framework, task=run.task, params=dict(params), tags=tags,
+        outcome={"scores": {"final_reward": final, "normalized_score": normalized},
+                 "checkpoints": [(step, f"ckpt/{name}/step_{step}") for step in run.checkpoints]},
+    )
+    verdict, reason = _checked_verdict(reg, result.run_id, verdict, reason)
+    reg.set_outcome(result.run_id, verdict=verdict, notes=reason)
+    n_steps = int(max(c.steps[-1] for c in run.curves.values()))
+    echo(f"  {name}: {result.series_count} metrics, {n_steps:,} steps, verdict {verdict}")
 
 
 def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], None] = print,
@@ -159,23 +206,22 @@ def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], 
             name = f"{project}-{kind}-s{seed}"
             if name in existing:
                 continue
-            run = generate_run(kind, seed=seed, algorithm=algorithm, task=task, n_steps=DEMO_POINTS[algorithm],
-                               step_stride=DEMO_STRIDE[algorithm])
-            n_steps = int(max(c.steps[-1] for c in run.curves.values()))
-            checkpoints = [(step, f"ckpt/{name}/step_{step}") for step in run.checkpoints]
-            verdict, final, normalized, reason = demo_outcome(run)
             lr = BASE_LR[algorithm] * LR_FACTOR.get(kind, 1.0)
-            result = reg.register_arrays(
-                name, _raw_series(run.curves, keys), project=project, algorithm=algorithm.upper(),
-                framework=framework, task=task, params=hyperparameters(algorithm, lr, seed),
-                tags=["demo", kind] + ([f"seed{seed}"] if kind == "healthy" else []),
-                outcome={"scores": {"final_reward": final, "normalized_score": normalized},
-                         "checkpoints": checkpoints},
-            )
-            verdict, reason = _checked_verdict(reg, result.run_id, verdict, reason)
-            reg.set_outcome(result.run_id, verdict=verdict, notes=reason)
+            _add_synthetic(reg, generate_run(kind, seed=seed, algorithm=algorithm, task=task,
+                                             n_steps=DEMO_POINTS[algorithm], step_stride=DEMO_STRIDE[algorithm]),
+                           name, project, framework, keys, hyperparameters(algorithm, lr, seed),
+                           ["demo", kind] + ([f"seed{seed}"] if kind == "healthy" else []), echo)
             added += 1
-            echo(f"  {name}: {len(run.curves)} metrics, {n_steps:,} steps, verdict {verdict}")
+    for name, framework, seed, params in FRAMEWORK_PAIR:
+        if name in existing:
+            continue
+        trl = framework == "trl"  # TRL_GRPO_KEYS is all TRL logs: nothing else is registered for it
+        keys = TRL_GRPO_KEYS if trl else alias_keys(definitions, framework, "grpo")
+        run = generate_run("healthy", seed=seed, algorithm="grpo", task=PAIR_TASK, n_steps=DEMO_POINTS["grpo"],
+                           step_stride=DEMO_STRIDE["grpo"])
+        _add_synthetic(reg, run, name, PAIR_PROJECT, framework, keys, params, ["demo", "healthy", framework], echo,
+                       only_keyed=trl)
+        added += 1
     real = _add_shared_runs(reg, shared_data or DEFAULT_SHARED_DATA, echo)
     real += _add_real_framework_runs(reg, real_data or DEFAULT_REAL_DATA, echo)
     baselines = _build_baselines(reg, echo)
@@ -258,16 +304,15 @@ def _build_baselines(reg: Registry, echo: Callable[[str], None]) -> list[str]:
 
 
 def _first_pages(reg: Registry) -> list[tuple[str, str]]:
-    """A failing run's dashboard, a compare view, and a similar-runs answer."""
-    rows, _ = reg.list_runs(where="verdict=diverged", limit=1, order_by="name")
+    """A failing run's dashboard, the two-framework compare view, and a similar-runs answer."""
+    rows, _ = reg.list_runs(where="verdict=diverged and tag=demo", limit=1, order_by="name")
+    pair, _ = reg.list_runs(where=f"project={PAIR_PROJECT}", limit=None, order_by="name")
     pages = []
     if rows:
         pages.append(("a diverging run's dashboard", f"/runs/{rows[0]['id']}"))
-    seeds, _ = reg.list_runs(where="tag=demo and tag=healthy and project=math-grpo", limit=None)
-    failing, _ = reg.list_runs(where="project=math-grpo and tag=kl_blowup", limit=1)
-    ids = [r["id"] for r in seeds + failing]
-    if ids:
-        pages.append(("healthy seeds against a KL blow-up", "/compare?run=" + ",".join(ids)))
+    if len(pair) == 2:
+        pages.append(("verl (k1 KL) against TRL (k3 KL) on one task, with the compare view's warnings",
+                      "/compare?run=" + ",".join(r["id"] for r in pair)))
     if rows:
         pages.append(("runs that looked like it, and how they ended", f"/runs/{rows[0]['id']}#similar"))
     return pages

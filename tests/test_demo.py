@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from registry import Registry
-from registry.demo import DEFAULT_REAL_DATA, PROJECTS, REAL_FRAMEWORK_RUNS, REAL_RUN_OUTCOMES, build_demo
+from registry.demo import DEFAULT_REAL_DATA, FRAMEWORK_PAIR, PROJECTS, REAL_FRAMEWORK_RUNS, REAL_RUN_OUTCOMES, build_demo
 from registry.health import diagnose_run
 
 
 def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, sb3_runs):
     summary = build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
-    expected = sum(len(kinds) for *_, kinds in PROJECTS)
+    expected = sum(len(kinds) for *_, kinds in PROJECTS) + len(FRAMEWORK_PAIR)
     framework_runs = [p for pattern, *_ in REAL_FRAMEWORK_RUNS for p in DEFAULT_REAL_DATA.glob(pattern)]
     assert len(framework_runs) >= 4  # CleanRL, the SB3 logger, two TRL GRPO runs
     assert f"{expected} synthetic and {4 + len(framework_runs)} real" in summary
@@ -16,7 +16,7 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
     rows, total = reg.list_runs(limit=None)
     assert total == expected + 4 + len(framework_runs)
     assert {r["project"] for r in rows} == {"math-grpo", "control-ppo", "sb3-classic-control", "cleanrl-cartpole",
-                                            "trl-tiny"}
+                                            "trl-tiny", "math-grpo-frameworks"}
     # Synthetic runs and the labelled shared runs carry verdicts; runs nobody judged carry none.
     judged = [r for r in rows if "demo" in r["tags"] or r["name"] in REAL_RUN_OUTCOMES]
     assert len(judged) == expected + 4 and all(r["verdict"] for r in judged)
@@ -59,10 +59,19 @@ def test_demo_seed_groups_step_scales_verdicts_baselines_and_closing_pages(sqlit
     # Verdicts follow the run's curves: the KL blow-up diverged or failed, the zero reward failed.
     assert reg.run_detail("math-grpo-kl_blowup-s0")["verdict"] in ("diverged", "failed")
     assert reg.run_detail("math-grpo-reward_zero-s0")["verdict"] == "failed"
+    # The two-framework pair warns before overlaying: verl's k1 KL against TRL's k3.
+    pair = [reg.run_detail(name) for name, *_ in FRAMEWORK_PAIR]
+    assert {r["framework"] for r in pair} == {"verl", "trl"} and len({r["task"] for r in pair}) == 1
+    estimators = {s["semantics"].get("kl_estimator") for r in pair for s in r["series"]
+                  if s["definition"] == "kl_ref_mean"}
+    assert estimators == {"k1", "k3"}
     # The three pages it names open.
     client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
     pages = [line.split(": ", 1)[1] for line in summary.splitlines() if line.startswith("  ") and ": /" in line]
     assert len(pages) == 3
     for page in pages:
-        assert client.get(page.split("#")[0]).status_code == 200, page
+        response = client.get(page.split("#")[0])
+        assert response.status_code == 200, page
+        if page.startswith("/compare"):
+            assert "KL estimator: k3 vs k1" in response.get_data(as_text=True)
     reg.close()
