@@ -737,6 +737,12 @@ def serve(ctx: click.Context, host: str, port: int) -> None:
     _serve(ctx.obj["db_url"] or default_database_url(), host, port)
 
 
+# Defined in its own module (it needs the helpers above): following growing logs and spool files.
+from .cli_follow import follow  # noqa: E402
+
+cli.add_command(follow)
+
+
 def main() -> None:
     cli(prog_name="rlreg")
 
