@@ -47,8 +47,10 @@ def test_remote_stream_with_server_down_mid_run_loses_and_duplicates_nothing(ser
     srv.kill()
     with caplog.at_level(logging.WARNING, logger="registry.integrations"):
         for step in range(21, 61):
-            run.log(step, metrics(step))   # flushes every 10 steps into a dead server: never raises
+            run.log(step, metrics(step))   # the sender flushes every 10 steps into a dead server: never raises
         run.set_outcome(scores={"final_reward": 6.0})
+        for _ in range(run.retry_limit):
+            run.flush()                    # whatever the sender thread managed, the limit is reached now
         assert run.spool_path is not None and run.spool_path.exists()
         srv.start()
         run.finish()                       # uploads the spool now that the server is back

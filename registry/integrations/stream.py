@@ -4,7 +4,9 @@ Every integration (transformers/TRL callback, SB3 callback and output format, th
 entry point, the verl logger adapter) writes through :class:`StreamingRun`:
 
 - ``log`` only buffers; a flush (every ``flush_points`` points or ``flush_seconds`` seconds,
-  and at ``finish``) seals the buffer into a batch with a fresh id. Batches are delivered in
+  and at ``finish``) seals the buffer into a batch with a fresh id. With ``background=True`` (the
+  default) a daemon thread does the sealing and sending, so a training step never waits for the
+  database or the network; ``flush()`` and ``finish()`` deliver synchronously. Batches are delivered in
   order and the registry applies a batch id once per run, so resending one never duplicates.
 - A registry that is down or refuses a write keeps the batches queued and retried at the next
   flush. After ``retry_limit`` failed flushes in a row, one warning is logged and every batch,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -61,6 +64,7 @@ class StreamingRun:
         retry_seconds: float = 2.0,
         spool_dir: str | Path | None = None,
         target: Target | None = None,
+        background: bool = True,
     ):
         self.id = run_id or uuid.uuid4().hex
         self.spec: dict[str, Any] = {
@@ -86,6 +90,11 @@ class StreamingRun:
         self._created = False
         self._warned: set[str] = set()
         self._after: list[dict[str, Any]] = []  # outcome/status records waiting behind the batches
+        self._lock = threading.Lock()           # the buffer and _after (log vs the sender)
+        self._send_lock = threading.Lock()      # pending and delivery (sender thread vs flush/finish)
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
         try:
             self.target = target or open_target(url=url, token=token, db=db, retry_seconds=retry_seconds)
         except Exception as exc:  # a bad URL or an unreadable database must not stop training either
@@ -95,6 +104,9 @@ class StreamingRun:
             return
         self._upload_old_spools()
         self._deliver()
+        if background:
+            self._thread = threading.Thread(target=self._sender, name=f"rlregistry-{self.id[:8]}", daemon=True)
+            self._thread.start()
 
     def finish_at_exit(self, status: str) -> None:
         """Record ``status`` if the process ends without ``finish`` (and ``crashed`` on an uncaught
@@ -108,33 +120,45 @@ class StreamingRun:
         try:
             step = int(step)
             now = time.time() if wall_time is None else float(wall_time)
-            for key, value in metrics.items():
-                number = _number(value)
-                if number is None or not isinstance(key, str) or not key:
-                    continue
-                last = self._last_step.get(key)
-                if last is not None and step < last:
-                    self._warn_once(f"back:{key}", f"metric {key!r}: step {step} is before step {last} "
-                                                   "(a restart from a checkpoint?); such points are skipped")
-                    continue
-                steps, values, walls = self._buffer.setdefault(key, ([], [], []))
-                steps.append(step)
-                values.append(number)
-                walls.append(now)
-                self._last_step[key] = step
-                self._buffered += 1
+            with self._lock:
+                self._buffer_metrics(step, metrics, now)
             if self._buffered >= self.flush_points or time.monotonic() - self._last_flush >= self.flush_seconds:
-                self.flush()
+                self._last_flush = time.monotonic()
+                if self._thread is not None:
+                    self._wake.set()
+                else:
+                    self.flush()
         except Exception as exc:  # noqa: BLE001 - training goes on whatever happens here
             self._warn_once("log", f"logging failed and was skipped: {exc!r}")
+
+    def _buffer_metrics(self, step: int, metrics: Mapping[str, Any], now: float) -> None:
+        for key, value in metrics.items():
+            number = _number(value)
+            if number is None or not isinstance(key, str) or not key:
+                continue
+            last = self._last_step.get(key)
+            if last is not None and step < last:
+                self._warn_once(f"back:{key}", f"metric {key!r}: step {step} is before step {last} "
+                                               "(a restart from a checkpoint?); such points are skipped")
+                continue
+            steps, values, walls = self._buffer.setdefault(key, ([], [], []))
+            steps.append(step)
+            values.append(number)
+            walls.append(now)
+            self._last_step[key] = step
+            self._buffered += 1
 
     def define(self, key: str, **fields: Any) -> None:
         """Semantics for one metric key (``kl_estimator="k1"``...), sent with its points."""
         self.semantics.setdefault(key, {}).update({k: v for k, v in fields.items() if v is not None})
 
     def checkpoint(self, step: int, uri: str) -> None:
-        self._after.append({"kind": "outcome", "checkpoints": [[int(step), str(uri)]]})
-        self.flush()
+        with self._lock:
+            self._after.append({"kind": "outcome", "checkpoints": [[int(step), str(uri)]]})
+        if self._thread is not None:
+            self._wake.set()
+        else:
+            self.flush()
 
     def set_outcome(self, **outcome: Any) -> None:
         record: dict[str, Any] = {"kind": "outcome"}
@@ -146,14 +170,16 @@ class StreamingRun:
                                 if v is not None and math.isfinite(v)}
         if outcome.get("checkpoints"):
             record["checkpoints"] = [[int(c[0]), str(c[1])] for c in outcome["checkpoints"]]
-        self._after.append(record)
+        with self._lock:
+            self._after.append(record)
 
     def flush(self) -> None:
         """Seal the buffer into a batch and deliver everything queued. Never raises."""
         try:
-            self._seal()
-            self._last_flush = time.monotonic()
-            self._deliver()
+            with self._send_lock:
+                with self._lock:
+                    self._seal()
+                self._deliver()
         except Exception as exc:  # noqa: BLE001
             self._warn_once("flush", f"flush failed: {exc!r}")
 
@@ -162,12 +188,27 @@ class StreamingRun:
         if self.finished:
             return
         self.finished = True
-        self._after.append({"kind": "status", "status": status})
+        if self._thread is not None:
+            self._stop = True
+            self._wake.set()
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            self._after.append({"kind": "status", "status": status})
         self.flush()
         if self.spool_path is not None:
             self._upload_spool_at_end()
 
     # --- delivery ---------------------------------------------------------------------
+
+    def _sender(self) -> None:
+        """The background thread: a flush every ``flush_seconds``, or sooner when ``log`` asks."""
+        while True:
+            self._wake.wait(self.flush_seconds if math.isfinite(self.flush_seconds) else None)
+            self._wake.clear()
+            if self._stop:
+                return
+            self.flush()
 
     def _seal(self) -> None:
         if self._buffer:
