@@ -107,3 +107,22 @@ def test_points_before_the_last_step_are_skipped_with_one_warning(tmp_path, capl
     assert sum("before step" in r.getMessage() for r in caplog.records) == 1
     with Registry(db) as reg:
         assert list(reg.read_series(run.id, "loss").steps) == [1, 2, 3, 3, 4]
+
+
+def test_the_next_run_against_the_same_registry_uploads_a_finished_spool(tmp_path):
+    db_dir = tmp_path / "not-mounted-yet"
+    db = f"sqlite:///{db_dir / 'reg.db'}"
+    first = StreamingRun("first", db=db, spool_dir=tmp_path / "spool")
+    for step in range(1, 11):
+        first.log(step, {"loss": float(step)})
+    first.finish()
+    assert first.spool_path.exists()
+    db_dir.mkdir()
+    second = StreamingRun("second", db=db, spool_dir=tmp_path / "spool")
+    second.log(1, {"loss": 1.0})
+    second.finish()
+    assert not first.spool_path.exists()
+    with Registry(db) as reg:
+        assert reg.run_detail(first.id)["status"] == "finished"
+        assert list(reg.read_series(first.id, "loss").steps) == list(range(1, 11))
+        assert reg.list_runs()[1] == 2

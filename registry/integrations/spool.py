@@ -56,6 +56,22 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         yield record
 
 
+def is_closed(path: Path, quiet_seconds: float = 3600.0) -> bool:
+    """Whether the run that wrote the spool is over: its last record is a status, or the file has not
+    been written to for ``quiet_seconds`` (a process killed before it could write one)."""
+    import time
+
+    if time.time() - path.stat().st_mtime > quiet_seconds:
+        return True
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 200))
+        tail = handle.read().decode("utf-8", errors="replace").strip().rsplit("\n", 1)[-1]
+    try:
+        return json.loads(tail).get("kind") == "status"
+    except ValueError:
+        return False
+
+
 def read_header(path: Path) -> dict[str, Any]:
     for record in read_records(path):
         return record

@@ -95,10 +95,12 @@ class StreamingRun:
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._intended: str | None = None
         try:
             self.target = target or open_target(url=url, token=token, db=db, retry_seconds=retry_seconds)
         except Exception as exc:  # a bad URL or an unreadable database must not stop training either
             self.target = None
+            self._intended = _describe_intended(url, db)
             self._warn_once("open", f"registry unavailable ({exc}); points go to the spool file")
             self._to_spool()
             return
@@ -254,7 +256,8 @@ class StreamingRun:
     def _to_spool(self) -> None:
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.spool_path = self.spool_dir / f"{self.id}.jsonl"
-        header = {"kind": "run", "target": self.target.describe() if self.target else None, "spec": self.spec}
+        header = {"kind": "run", "target": self.target.describe() if self.target else self._intended,
+                  "spec": self.spec}
         spool_io.append_records(self.spool_path, [header, *self.pending])
         self.pending.clear()
         log.warning("rlregistry: spooling run %s to %s; upload it later with `rlreg follow --spool %s`",
@@ -271,14 +274,15 @@ class StreamingRun:
             self.spool_path.unlink(missing_ok=True)
 
     def _upload_old_spools(self) -> None:
-        """Spool files an earlier run left for this same registry are uploaded at start."""
+        """Spool files an earlier run left for this same registry are uploaded at start: those whose run
+        ended (a final status record) or that nobody has written to for an hour."""
         if not self.spool_dir.is_dir():
             return
         for path in sorted(self.spool_dir.glob("*.jsonl")):
             try:
                 header = spool_io.read_header(path)
-                if header.get("target") != self.target.describe():
-                    continue
+                if header.get("target") != self.target.describe() or not spool_io.is_closed(path):
+                    continue  # another registry's, or a run that may still be writing it
                 spool_io.replay(path, self.target)
             except Exception as exc:  # noqa: BLE001
                 self._warn_once("old-spool", f"could not upload the spool file {path}: {exc}")
@@ -320,3 +324,19 @@ def plain_params(value: Any, depth: int = 0) -> Any:
     if isinstance(enum_value, (str, int)):
         return enum_value
     return str(value)
+
+
+def _describe_intended(url: str | None, db: str | None) -> str | None:
+    """How the target that could not be opened would describe itself (to match its spool files later)."""
+    url = url or (None if db else os.environ.get("RLREG_URL"))
+    if url:
+        return url.rstrip("/")
+    db = db or os.environ.get("RLREG_DATABASE_URL")
+    if not db:
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(db).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return db
