@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -78,24 +78,27 @@ def register_history(registry, run: HistoryRun, *, name: str | None = None, proj
     return result
 
 
-def series_from_columns(keys: list[str], steps: list[int], values: list[float],
-                        walls: list[float] | None = None) -> dict[str, SeriesData]:
-    """Group parallel columns by key, each key's points sorted by step (stable: logging order kept)."""
-    if not keys:
+def series_from_columns(keys: Sequence[str], steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
+                        walls: Sequence[float] | np.ndarray | None = None,
+                        tiebreak: np.ndarray | None = None) -> dict[str, SeriesData]:
+    """Group parallel columns by key, each key's points sorted by step; within a step by ``tiebreak``
+    (MLflow's timestamps) when given, else in input (logging) order: the sort is stable."""
+    if not len(keys):
         return {}
-    key_arr = np.asarray(keys, dtype=object)
+    codes_of: dict[str, int] = {}
+    codes = np.fromiter((codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, len(keys))
     step_arr = np.asarray(steps, dtype=np.int64)
     value_arr = np.asarray(values, dtype=np.float64)
     wall_arr = np.asarray(walls, dtype=np.float64) if walls is not None else None
+    sort_keys = (step_arr, codes) if tiebreak is None else (tiebreak, step_arr, codes)
+    order = np.lexsort(sort_keys)
+    sorted_codes = codes[order]
+    bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+    names = list(codes_of)
     out: dict[str, SeriesData] = {}
-    uniques, inverse = np.unique(key_arr, return_inverse=True)
-    order = np.lexsort((step_arr, inverse))  # by key, then step; stable within a step
-    inverse = inverse[order]
-    bounds = np.flatnonzero(np.diff(inverse)) + 1
     for chunk in np.split(order, bounds):
-        key = str(key_arr[chunk[0]])
-        out[key] = SeriesData(step_arr[chunk], value_arr[chunk], None if wall_arr is None else wall_arr[chunk])
-    del uniques
+        out[names[codes[chunk[0]]]] = SeriesData(step_arr[chunk], value_arr[chunk],
+                                                 None if wall_arr is None else wall_arr[chunk])
     return out
 
 

@@ -8,7 +8,9 @@ own ``mlflow.*`` become ``key=value`` tags, ``mlflow.runName`` the name.
 Values: MLflow stores NaN as 0 with ``is_nan`` set and +-Inf as +-1.7976931348623157e308
 (``SqlAlchemyStore.sanitize_metric_value``, mlflow/store/tracking/sqlalchemy_store.py, 2.x-3.x);
 both are turned back. verl's MLflow adapter rewrites ``@`` in keys to ``_at_``
-(``_MlflowLoggingAdapter.log``, verl/utils/tracking.py) and flattens its config with ``/``
+(``_MlflowLoggingAdapter.log``, verl/utils/tracking.py; since 2025 it also turns other characters
+MLflow refuses into ``_`` and runs of ``/`` into one, which cannot be undone and is left as is)
+and flattens its config with ``/``
 (``_compute_mlflow_params_from_objects``); for a run whose params are verl's
 (``actor_rollout_ref/...``, ``trainer/...``) both are undone: ``val-core/x/acc/mean_at_4`` ->
 ``val-core/x/acc/mean@4``, ``actor_rollout_ref/actor/optim/lr`` -> ``actor_rollout_ref.actor.optim.lr``.
@@ -103,22 +105,29 @@ def _database_runs(url: str, label: Path) -> Iterator[HistoryRun]:
 
 
 def _database_metrics(engine, q, run_uuid: str, label: Path, verl: bool) -> dict[str, SeriesData]:
+    """One query per metric over MLflow's (run_uuid, key, step) index: rows of four numbers, turned into
+    one float array in C (a row with the key string in it costs a tuple and a string per point)."""
+    data: dict[str, SeriesData] = {}
     with engine.connect() as conn:
         cur = conn.connection.dbapi_connection.cursor()
         try:
-            cur.execute(q("select key, step, value, is_nan, timestamp from metrics where run_uuid = ? "
-                          "order by key, step, timestamp"), (run_uuid,))
-            rows = cur.fetchall()
-        except Exception as exc:  # noqa: BLE001
+            cur.execute(q("select distinct key from metrics where run_uuid = ?"), (run_uuid,))
+            keys = sorted(row[0] for row in cur.fetchall())
+            for key in keys:
+                cur.execute(q("select step, timestamp, value, is_nan from metrics where run_uuid = ? and key = ?"),
+                            (run_uuid, key))
+                rows = np.array(cur.fetchall(), dtype=np.float64).reshape(-1, 4)
+                order = np.lexsort((rows[:, 1], rows[:, 0]))  # by step, then logging time
+                rows = rows[order]
+                values = _restore_values(rows[:, 2], rows[:, 3] != 0)
+                data[_VERL_AT.sub("@", key) if verl else key] = SeriesData(
+                    rows[:, 0].astype(np.int64), values, rows[:, 1] / 1000.0)
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the driver's own DatabaseError
             raise InputError(f"run {run_uuid}: cannot read its metrics ({exc}): a partially written or "
                              "truncated database?", str(label)) from None
-    if not rows:
-        return {}
-    keys, steps, values, nans, stamps = zip(*rows)
-    values_arr = _restore_values(np.asarray(values, np.float64), np.asarray(nans, bool))
-    walls = np.asarray(stamps, np.float64) / 1000.0
-    data = series_from_columns(list(keys), np.asarray(steps, np.int64), values_arr, walls)
-    return _undo_verl_keys(data) if verl else data
+    return data
 
 
 def _restore_values(values: np.ndarray, nans: np.ndarray) -> np.ndarray:
