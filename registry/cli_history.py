@@ -80,7 +80,8 @@ def register_many(reg: Any, paths: tuple[Path, ...], *, fmt: str | None, recursi
     with _Bar(len(candidates), quiet=quiet or as_json) as advance:
         for path in candidates:
             try:
-                history_format = fmt if fmt in ("mlflow", "trackio", "wandb") else (None if fmt else sniff_history(path))
+                history_format = fmt if fmt in ("mlflow", "trackio", "wandb") else \
+                    (None if fmt else sniff_history(path))
                 if history_format:
                     for run in iter_history(path, history_format):
                         _one_history_run(reg, run, options, results, skipped, failed, as_json)
