@@ -93,8 +93,12 @@ def _parse_semantics(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["tensorboard", "trainer_state", "verl_log", "csv", "jsonl"]),
-              help="Input format; detected from the content when omitted.")
+@click.option("--format", "fmt", type=click.Choice(["tensorboard", "trainer_state", "verl_log", "csv", "jsonl",
+                                                   "mlflow", "trackio", "wandb"]),
+              help="Input format; detected from the content when omitted. mlflow, trackio and wandb read a "
+                   "tracker's store: one run per tracker run, each imported once.")
+@click.option("--recursive", "-r", is_flag=True,
+              help="Walk directories and register every run found (tracker stores, TensorBoard dirs, logs).")
 @click.option("--name", help="Run name (default: the file or directory name).")
 @click.option("--project", default="default", show_default=True)
 @click.option("--algorithm", help="PPO, GRPO, RLOO, ...")
@@ -117,17 +121,28 @@ def _parse_semantics(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name: str | None, project: str,
              algorithm: str | None, framework: str | None, task: str | None, params: tuple[str, ...],
              params_file: Path | None, tags: tuple[str, ...], code_version: str | None, status: str,
-             on_disorder: str, semantic_overrides: tuple[str, ...], replace: bool, as_json: bool) -> None:
-    """Register runs from training logs: TensorBoard dirs, trainer_state.json, verl logs, CSV, JSONL."""
+             on_disorder: str, semantic_overrides: tuple[str, ...], replace: bool, as_json: bool,
+             recursive: bool = False) -> None:
+    """Register runs from training logs (TensorBoard dirs, trainer_state.json, verl logs, CSV, JSONL) and
+    from trackers' stores (MLflow database or mlruns/, trackio database, W&B run dirs and history exports)."""
+    from .importers.history import sniff_history
     from .importers.params import load_params_file, merge_params, params_from_assignments
 
     hparams = merge_params(load_params_file(params_file) if params_file else {}, params_from_assignments(params))
     semantics = _parse_semantics(semantic_overrides)
-    if name and len(paths) > 1:
+    if name and (len(paths) > 1 or recursive):
         raise InputError("--name applies to one run; register several paths without it")
     from .importers import run_paths
 
     reg = open_from(ctx)
+    if recursive or fmt in ("mlflow", "trackio", "wandb") or (not fmt and any(sniff_history(p) for p in paths)):
+        from .cli_history import register_many
+
+        register_many(reg, paths, fmt=fmt, recursive=recursive, as_json=as_json, quiet=False, options=dict(
+            name=name, project=project, algorithm=algorithm, framework=framework, task=task, params=hparams,
+            tags=list(tags), code_version=code_version, semantics=semantics, status=status,
+            on_disorder=on_disorder, replace=replace))
+        return
     results = []
     for path in paths:
         several = len(run_paths(path, fmt)) > 1
@@ -811,6 +826,12 @@ def serve(ctx: click.Context, host: str, port: int) -> None:
     from .db import default_database_url
 
     _serve(ctx.obj["db_url"] or default_database_url(), host, port)
+
+
+# Defined in its own module (it needs the helpers above): following growing logs and spool files.
+from .cli_follow import follow  # noqa: E402
+
+cli.add_command(follow)
 
 
 def main() -> None:

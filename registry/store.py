@@ -477,7 +477,14 @@ class Registry:
         series = {k: v if isinstance(v, SeriesData) else SeriesData(np.asarray(v[0], np.int64),
                                                                     np.asarray(v[1], np.float64))
                   for k, v in data.items()}
+        # Imported histories (MLflow, trackio, W&B) carry where they came from; the fingerprint is the
+        # tracker's own run id, so importing the same history twice registers nothing new.
+        source = {k: run_fields.pop(k, None) for k in ("source_format", "source_path", "source_fingerprint")}
         with self.transaction() as session:
+            if source["source_fingerprint"] is not None:
+                previous = session.scalar(select(Run).where(Run.source_fingerprint == source["source_fingerprint"]))
+                if previous is not None:
+                    raise AlreadyRegisteredError(previous.id, previous.name)
             index = self._alias_index(session)
             declared_algorithm = run_fields.pop("algorithm", None)
             params = run_fields.pop("params", None)
@@ -495,12 +502,15 @@ class Registry:
                 raise TypeError(f"unknown run field(s): {', '.join(run_fields)}")
             if status != "running":
                 run.finished_at = utcnow()
+            for key, value in source.items():
+                if value is not None:
+                    setattr(run, key, value)
             session.flush()
             bindings = self._write_series(session, run, index, series, semantics)
             if outcome:
                 self._apply_outcome(session, run, **outcome)
             result = RegistrationResult(
-                run_id=run.id, name=run.name, framework=fw, source_format="api",
+                run_id=run.id, name=run.name, framework=fw, source_format=source["source_format"] or "api",
                 series_count=len(series), point_count=sum(len(s) for s in series.values()),
                 mapped={k: b.definition_name for k, b in bindings.items() if b.mapped},
                 unmapped={k: list(b.suggestions) for k, b in bindings.items() if not b.mapped},
