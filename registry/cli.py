@@ -448,6 +448,58 @@ def user_create(ctx: click.Context, username: str, password: str) -> None:
     click.echo(f"created user {username}")
 
 
+@user.command("disable")
+@click.argument("username")
+@click.pass_context
+def user_disable(ctx: click.Context, username: str) -> None:
+    """Stop a user: their tokens and web sessions stop working at once (nothing is deleted)."""
+    from .auth import set_user_disabled
+
+    set_user_disabled(open_from(ctx.find_root()), username, True)
+    click.echo(f"disabled user {username}: their tokens and sessions no longer work")
+
+
+@user.command("enable")
+@click.argument("username")
+@click.pass_context
+def user_enable(ctx: click.Context, username: str) -> None:
+    """Let a disabled user in again (their unrevoked tokens work again; they log in anew)."""
+    from .auth import set_user_disabled
+
+    set_user_disabled(open_from(ctx.find_root()), username, False)
+    click.echo(f"enabled user {username}")
+
+
+@user.command("password")
+@click.argument("username")
+@click.password_option(help="New password (asked for when omitted).")
+@click.pass_context
+def user_password(ctx: click.Context, username: str, password: str) -> None:
+    """Change a user's password; every web session of theirs ends."""
+    from .auth import set_password
+
+    ended = set_password(open_from(ctx.find_root()), username, password)
+    click.echo(f"changed the password of {username}; ended {ended} session(s)")
+
+
+@user.command("list")
+@json_option
+@click.pass_context
+def user_list(ctx: click.Context, as_json: bool) -> None:
+    from .auth import list_users
+
+    rows = list_users(open_from(ctx.find_root()))
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table(title=f"{len(rows)} users", title_justify="left")
+    for col in ("user", "created", "state"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["user"], r["created_at"][:19], "disabled" if r["disabled"] else "active")
+    console.print(table)
+
+
 @cli.group()
 def token() -> None:
     """API tokens for the Python client and scripts (sent as a bearer header)."""
@@ -456,12 +508,15 @@ def token() -> None:
 @token.command("create")
 @click.option("--user", "username", required=True)
 @click.option("--name", required=True, help="What the token is for, e.g. 'cluster-a training'.")
+@click.option("--scope", type=click.Choice(["read", "write", "admin"]), default="write", show_default=True,
+              help="read: reads only (dashboards, CI); write: also runs, metrics, outcomes, uploads; "
+                   "admin: also deleting runs and editing the dictionary and baselines.")
 @click.pass_context
-def token_create(ctx: click.Context, username: str, name: str) -> None:
+def token_create(ctx: click.Context, username: str, name: str, scope: str) -> None:
     """Create a token; its secret is printed once and never stored."""
     from .auth import create_token
 
-    secret = create_token(open_from(ctx.find_root()), username, name)
+    secret = create_token(open_from(ctx.find_root()), username, name, scope)
     click.echo(secret)
     err_console.print("store it now: only its hash is kept, it cannot be shown again", style="yellow")
 
@@ -488,11 +543,11 @@ def token_list(ctx: click.Context, as_json: bool) -> None:
         echo_json(rows)
         return
     table = Table(title=f"{len(rows)} tokens", title_justify="left")
-    for col in ("user", "name", "prefix", "created", "last used", "state"):
+    for col in ("user", "name", "scope", "prefix", "created", "last used", "state"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["user"], r["name"], r["prefix"] + "...", r["created_at"][:19], (r["last_used_at"] or "")[:19],
-                      "revoked" if r["revoked"] else "active")
+        table.add_row(r["user"], r["name"], r["scope"], r["prefix"] + "...", r["created_at"][:19],
+                      (r["last_used_at"] or "")[:19], "revoked" if r["revoked"] else "active")
     console.print(table)
 
 
@@ -720,7 +775,12 @@ def _serve(url: str, host: str, port: int) -> None:
         return
     from waitress import serve as waitress_serve
 
-    app = create_app({"DATABASE_URL": url})
+    from config import ConfigError
+
+    try:
+        app = create_app({"DATABASE_URL": url})
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"serving on http://{host}:{port}/  (Ctrl-C to stop)")
     # Waitress enforces the upload limit itself, before spooling a body to disk.
     waitress_serve(app, host=host, port=port, threads=8, max_request_body_size=app.config["MAX_CONTENT_LENGTH"])

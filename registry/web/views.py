@@ -22,7 +22,7 @@ from ..health import findings_for_runs
 from ..models import RUN_STATUSES, VERDICTS
 from ..semantics import LAYERS, QUANTITIES
 from . import get_registry, panels, queries
-from .security import write_access_required
+from .security import admin_access_required
 from .curves import (
     MAX_COMPARE_RUNS,
     NORMALIZATION_LABELS,
@@ -553,7 +553,7 @@ def baseline(task: str):
 
 
 @bp.post("/baselines/<path:task>/build")
-@write_access_required
+@admin_access_required
 def baseline_build(task: str):
     """Learn (or re-learn) the task's baseline from the ticked runs."""
     from ..health import build_task_baseline
@@ -575,7 +575,7 @@ def baseline_build(task: str):
 
 
 @bp.route("/baselines/<path:task>/metrics/<metric>/edit", methods=["GET", "POST"])
-@write_access_required
+@admin_access_required
 def baseline_edit(task: str, metric: str):
     """Tune one metric's early and mid bands (and its warning text) by hand."""
     from ..health import edit_baseline_metric, require_baseline

@@ -53,7 +53,7 @@ from ..models import IngestBatch, Run
 from ..series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
 from . import get_registry
 from .api import clean
-from .security import current_user, write_access_required
+from .security import admin_access_required, current_user, write_access_required
 
 bp = Blueprint("write_api", __name__, url_prefix="/api")
 
@@ -321,7 +321,7 @@ def set_status(ref: str) -> Response:
 
 
 @bp.delete("/runs/<ref>")
-@write_access_required
+@admin_access_required
 def delete_run(ref: str) -> Response:
     run_id = get_registry().delete_run(ref)
     _audit("delete run", run_id)
@@ -332,7 +332,7 @@ def delete_run(ref: str) -> Response:
 
 
 @bp.patch("/definitions/<name>")
-@write_access_required
+@admin_access_required
 def edit_definition(name: str) -> Response:
     data = _body(("changes", "note"))
     changes = _opt_mapping(data, "changes")
