@@ -553,13 +553,24 @@ def token_list(ctx: click.Context, as_json: bool) -> None:
 
 @cli.command("export")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
+@click.option("--without-credentials", is_flag=True,
+              help="Leave out users (password hashes) and API tokens (hashes and scopes).")
 @click.pass_context
-def export_cmd(ctx: click.Context, path: Path) -> None:
-    """Write the whole registry (runs, series, dictionary with history, baselines) to one file."""
+def export_cmd(ctx: click.Context, path: Path, force: bool, without_credentials: bool) -> None:
+    """Write the whole registry to one file: runs, series, outcomes, the dictionary with its history,
+    baselines, findings, embeddings, and (unless --without-credentials) users' password hashes and
+    token hashes. It ends with a manifest (rows and a checksum per table) that import verifies."""
     from .transfer import export_registry
 
-    counts = export_registry(open_from(ctx), path)
+    counts = export_registry(open_from(ctx), path, overwrite=force, without_credentials=without_credentials)
     click.echo(f"wrote {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
+    if without_credentials:
+        click.echo("without users and API tokens")
+    elif counts.get("users") or counts.get("api_tokens"):
+        err_console.print(f"it holds {counts.get('users', 0)} users' password hashes and {counts.get('api_tokens', 0)} "
+                          "API token hashes: keep it as safe as the database (or use --without-credentials)",
+                          style="yellow", highlight=False)
 
 
 @cli.command("import")
