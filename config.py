@@ -81,7 +81,25 @@ def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         # Bounded work per request.
         "MAX_UNPACKED_BYTES": _int(env, "RLREG_MAX_UNPACKED_BYTES", 4 * upload_limit, 1),
         "MAX_ARCHIVE_MEMBERS": _int(env, "RLREG_MAX_ARCHIVE_MEMBERS", 10000, 1),
+        "LIMITS": load_limits(env),
     }
+
+
+def load_limits(environ: Mapping[str, str] | None = None) -> Any:
+    """The bounds on work per registration or request (``registry.limits.Limits``) from the environment."""
+    from registry.limits import Limits
+
+    env = os.environ if environ is None else environ
+    d = Limits()
+    return Limits(
+        max_metric_keys=_int(env, "RLREG_MAX_METRIC_KEYS", d.max_metric_keys, 1),
+        max_line_bytes=_int(env, "RLREG_MAX_LINE_BYTES", d.max_line_bytes, 1024),
+        max_tags=_int(env, "RLREG_MAX_TAGS", d.max_tags, 1),
+        max_checkpoints=_int(env, "RLREG_MAX_CHECKPOINTS", d.max_checkpoints, 1),
+        max_json_depth=_int(env, "RLREG_MAX_JSON_DEPTH", d.max_json_depth, 2),
+        max_page=_int(env, "RLREG_MAX_PAGE", d.max_page, 1),
+        max_decompress_seconds=_float(env, "RLREG_MAX_DECOMPRESS_SECONDS", d.max_decompress_seconds, 0.1),
+    )
 
 
 def secret_key(config: Any) -> str:

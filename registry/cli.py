@@ -35,6 +35,41 @@ class RegistryGroup(click.Group):
         except RegistryError as exc:
             err_console.print(f"error: {exc}", markup=False, highlight=False)
             ctx.exit(1)
+        except Exception as exc:  # noqa: BLE001 - the environment failing (disk, permissions), said in one line
+            message = environment_error_message(exc)
+            if message is None:
+                raise
+            err_console.print(f"error: {message}", markup=False, highlight=False)
+            ctx.exit(1)
+
+
+def environment_error_message(exc: BaseException) -> str | None:
+    """One line for the failures of the machine rather than of the input (None: a bug, let it show)."""
+    import errno
+
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        text = str(exc.orig) if exc.orig is not None else str(exc)
+        lowered = text.lower()
+        if "readonly" in lowered or "read-only" in lowered or "read only" in lowered:
+            return f"the database is read-only ({text}); nothing was changed"
+        if "disk is full" in lowered or "no space" in lowered or "could not extend" in lowered:
+            return f"the disk is full ({text}); the transaction was rolled back, nothing was changed"
+        if "disk i/o error" in lowered:
+            return (f"the database could not write to disk ({text}: a full disk, a quota or a failing device); "
+                    "the transaction was rolled back, nothing was changed")
+        if "unable to open" in lowered or "could not connect" in lowered or "connection" in lowered:
+            return f"cannot reach the database ({text})"
+        return f"the database refused the operation ({text}); nothing was changed"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            return f"no space left to write{where} ({exc.strerror})"
+        return f"{exc.strerror}{where}"
+    if isinstance(exc, UnicodeError):
+        return f"an argument or file name is not valid UTF-8 ({exc.reason})"
+    return None
 
 
 @click.group(cls=RegistryGroup)
@@ -50,7 +85,13 @@ def open_from(ctx: click.Context):  # -> Registry (imported lazily: keeps `rlreg
     from .store import Registry
 
     if "registry" not in ctx.obj:
-        ctx.obj["registry"] = Registry(ctx.obj["db_url"])
+        from config import ConfigError, load_limits
+
+        try:
+            limits = load_limits()
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        ctx.obj["registry"] = Registry(ctx.obj["db_url"], limits=limits)
         ctx.call_on_close(ctx.obj["registry"].close)
     return ctx.obj["registry"]
 
@@ -778,34 +819,41 @@ def demo(demo_db: str, host: str, port: int, serve: bool, shared_data: Path | No
         _serve(url, host, port)
 
 
-def _serve(url: str, host: str, port: int) -> None:
+def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -> None:
     try:
-        from .web import create_app
+        from .web import server
     except ImportError:
         click.echo("the web UI is not part of this build; the registry is ready for the CLI and Python API")
         return
-    from waitress import serve as waitress_serve
-
     from config import ConfigError
 
+    click.echo(f"serving on http://{host}:{port}/ with {workers} process(es) x {threads} threads  (Ctrl-C to stop)")
     try:
-        app = create_app({"DATABASE_URL": url})
+        if workers > 1:
+            try:
+                import gunicorn  # noqa: F401
+            except ImportError:
+                raise click.ClickException("--workers above 1 needs gunicorn: pip install 'rlregistry[server]' "
+                                           "(or pip install gunicorn)") from None
+            server.serve_gunicorn(url, host, port, workers, threads)
+        else:
+            server.serve_waitress(url, host, port, threads)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"serving on http://{host}:{port}/  (Ctrl-C to stop)")
-    # Waitress enforces the upload limit itself, before spooling a body to disk.
-    waitress_serve(app, host=host, port=port, threads=8, max_request_body_size=app.config["MAX_CONTENT_LENGTH"])
 
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=5000, show_default=True)
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes (gunicorn when above 1; about one per core, over PostgreSQL).")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Threads per process.")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int) -> None:
+def serve(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Serve the web UI and JSON API (127.0.0.1 by default)."""
     from .db import default_database_url
 
-    _serve(ctx.obj["db_url"] or default_database_url(), host, port)
+    _serve(ctx.obj["db_url"] or default_database_url(), host, port, workers, threads)
 
 
 def main() -> None:

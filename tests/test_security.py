@@ -354,7 +354,8 @@ def test_malformed_write_bodies_are_400_json(site):
         method = client.patch if "definitions" in url else client.post
         kwargs = {"data": body, "content_type": "application/json"} if isinstance(body, str) else {"json": body}
         response = method(url, headers=auth, **kwargs)
-        assert response.status_code == 400, (url, body, response.status_code, response.get_data(as_text=True))
+        expected = 422 if message == "int64" else 400  # a bound on number size, not a malformed body
+        assert response.status_code == expected, (url, body, response.status_code, response.get_data(as_text=True))
         assert message in response.get_json()["error"], (url, body, response.get_json())
     assert client.post("/api/runs/nope/status", json={"status": "finished"}, headers=auth).status_code == 404
     assert client.patch("/api/definitions/nope", json={"changes": {"unit": "x"}}, headers=auth).status_code == 404

@@ -33,7 +33,8 @@ from werkzeug.exceptions import HTTPException
 from config import load_settings, secret_key
 
 from ..auth import AuthError
-from ..errors import AlreadyRegisteredError, FilterSyntaxError, InputError, NotFoundError, RegistryError
+from ..errors import (AlreadyRegisteredError, FilterSyntaxError, InputError, LimitExceededError, NotFoundError,
+                      RegistryError)
 from ..store import Registry
 from .cache import DEFAULT_MAX_BYTES, PlotCache
 
@@ -65,7 +66,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         SECRET_KEY=app.config.get("SECRET_KEY"), PRODUCTION=bool(app.config.get("PRODUCTION"))))
     app.json.sort_keys = False
 
-    registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"))
+    registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"), limits=app.config["LIMITS"])
     app.extensions["rlregistry"] = registry
     from .queries import RefMemo
 
@@ -95,8 +96,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         values = [*request.args.keys(), *request.args.values(), *(request.view_args or {}).values()]
         if request.mimetype == "application/x-www-form-urlencoded":  # multipart: not parsed before the auth check
             values += [*request.form.keys(), *request.form.values()]
-        if any(isinstance(v, str) and "\x00" in v for v in values):
-            raise InputError("the request contains a NUL character")
+        if any(isinstance(v, str) and ("\x00" in v or not v.encode("utf-8", "surrogatepass").decode(
+                "utf-8", "ignore") == v) for v in values):
+            raise InputError("the request contains a NUL character or a lone surrogate")
 
     app.before_request(require_login_for_reads)
     csrf.init_app(app)
@@ -231,6 +233,8 @@ def _wants_json() -> bool:
 
 
 def _status_for(exc: RegistryError) -> int:
+    if isinstance(exc, LimitExceededError):
+        return exc.status
     if isinstance(exc, NotFoundError):
         return 404
     if isinstance(exc, AuthError):
@@ -246,8 +250,8 @@ def _register_error_handlers(app: Flask) -> None:
         status = _status_for(exc)
         if _wants_json():
             return jsonify({"error": str(exc)}), status
-        return render_template("error.html", status=status, message=str(exc),
-                               title="Not found" if status == 404 else "Bad request"), status
+        title = {404: "Not found", 413: "Too large", 422: "Beyond a limit"}.get(status, "Bad request")
+        return render_template("error.html", status=status, message=str(exc), title=title), status
 
     @app.errorhandler(CSRFError)
     def _csrf_error(exc: CSRFError):  # noqa: ANN202

@@ -16,7 +16,7 @@ from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, 
 from wtforms.validators import Length, Optional, ValidationError
 
 from ..dictionary import healthy_range_for
-from ..errors import FilterSyntaxError, InputError, NotFoundError
+from ..errors import FilterSyntaxError, InputError, LimitExceededError, NotFoundError
 from ..filters import ORDERABLE
 from ..health import findings_for_runs
 from ..models import RUN_STATUSES, VERDICTS
@@ -60,6 +60,9 @@ def _page_args() -> tuple[int, int]:
         size = max(1, min(MAX_PAGE_SIZE, int(request.args.get("size", default_size))))
     except ValueError:
         raise InputError("page and size must be whole numbers") from None
+    max_page = current_app.config["LIMITS"].max_page
+    if page > max_page:
+        raise LimitExceededError(f"page {str(page)[:30]} is beyond the last possible page ({max_page}, RLREG_MAX_PAGE)")
     return page, size
 
 
