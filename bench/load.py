@@ -1,12 +1,13 @@
-"""Load benchmark: the web app under a production WSGI server against PostgreSQL, with readers and
-streaming writers at once, then an exact count of every point written.
+"""Load benchmark: the web app under a production WSGI server against SQLite or PostgreSQL, with
+readers and streaming writers at once, then an exact count of every point written.
 
-1. Creates a throwaway database on the PostgreSQL server given by ``--db`` or
-   ``RLREG_BENCH_POSTGRES_URL`` (falling back to ``RLREG_TEST_POSTGRES_URL``), fills it with the
-   demo runs (``registry.demo.build_demo``) and makes a user with an API token.
-2. Starts the app under waitress (``--threads`` worker threads) or, with ``--server gunicorn``,
-   gunicorn (``--workers`` processes of ``--threads`` threads), in production mode with a random
-   secret key, on 127.0.0.1 on a free port, in a child process.
+1. Creates a throwaway database: on the PostgreSQL server given by ``--db`` (or
+   ``RLREG_BENCH_POSTGRES_URL``), or with ``--db sqlite`` a SQLite file in a temporary directory;
+   fills it with the demo runs (``registry.demo.build_demo``) and makes a user with a write token.
+2. Starts ``rlreg serve --workers N --threads T`` in production mode with a random secret key, on
+   127.0.0.1 on a free port: waitress for one process, gunicorn for several.
+   With ``--baseline`` the same load first runs against one process (``--workers 1``) on its own
+   fresh database, and the figures of both are printed with the throughput ratio.
 3. For ``--seconds`` (default 60), ``--readers`` threads request the runs page, run dashboards,
    dashboard plot images (PNG), the JSON run list and JSON series (of the demo runs and of the
    runs being written), while ``--writers`` threads each stream one run through
@@ -14,9 +15,10 @@ streaming writers at once, then an exact count of every point written.
 4. Stops the writers (each flushes and finishes its run), then reads every written run back from
    the database and checks each series point by point.
 
-Prints requests/s, p50 and p99 latency per request kind and the error count; exits 1 on any
-error, any failed request, or any lost or duplicated point. Run:
-``.venv/bin/python bench/load.py --seconds 60``. Only 127.0.0.1 is ever contacted.
+Prints requests/s, p50 and p99 latency per request kind, the error count and the lost-point count;
+exits 1 on any error, any failed request, or any lost or duplicated point. Run:
+``.venv/bin/python bench/load.py --db sqlite --workers 2 --baseline --seconds 60``. Only 127.0.0.1
+is ever contacted.
 """
 from __future__ import annotations
 
@@ -50,15 +52,6 @@ from registry import Registry  # noqa: E402
 from registry.auth import create_token, create_user  # noqa: E402
 from registry.client import RemoteError, RemoteRegistry  # noqa: E402
 
-SERVER_SCRIPT = """
-import sys
-from waitress import serve
-from registry.web import create_app
-url, port, threads, uploads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-app = create_app({"DATABASE_URL": url, "UPLOAD_DIR": uploads})
-serve(app, host="127.0.0.1", port=port, threads=threads, ident="rlregistry",
-      max_request_body_size=app.config["MAX_CONTENT_LENGTH"], connection_limit=200, channel_timeout=60)
-"""
 WRITER_KEYS = ("actor/ppo_kl", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "actor/kl_loss",
                "critic/score/mean", "critic/rewards/mean", "response_length/mean")
 
@@ -194,8 +187,10 @@ def writer(base: str, token: str, stats: Stats, stop: threading.Event, index: in
         results[index] = {"error": str(exc)}
 
 
-def verify(url: str, results: dict[int, Any]) -> list[str]:
+def verify(url: str, results: dict[int, Any]) -> tuple[list[str], int]:
+    """Problems found, and the number of logged points not stored exactly once (lost or duplicated)."""
     problems = []
+    lost = 0
     reg = Registry(url)
     try:
         for index, res in sorted(results.items()):
@@ -210,52 +205,41 @@ def verify(url: str, results: dict[int, Any]) -> list[str]:
             for key in WRITER_KEYS:
                 if counts.get(key) != res["steps"]:
                     problems.append(f"writer {index} {key}: {counts.get(key)} points stored, {res['steps']} logged")
+                    lost += abs(res["steps"] - (counts.get(key) or 0))
                     continue
                 data = reg.read_series(res["run_id"], key)
                 want = np.array([writer_value(index, key, int(s)) for s in expected_steps])
                 if not np.array_equal(data.steps, expected_steps) or not np.array_equal(data.values, want,
                                                                                        equal_nan=True):
                     problems.append(f"writer {index} {key}: stored points differ from the logged ones")
+                    lost += int(np.sum(data.values != want)) if len(data.values) == len(want) else res["steps"]
             if res["pending"] or res["rejected"]:
                 problems.append(f"writer {index}: {res['pending']} batches pending, {res['rejected']} rejected")
     finally:
         reg.close()
-    return problems
+    return problems, lost
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default=os.environ.get("RLREG_BENCH_POSTGRES_URL")
-                        or os.environ.get("RLREG_TEST_POSTGRES_URL"),
-                        help="PostgreSQL server URL (a throwaway database is created on it)")
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--readers", type=int, default=8)
-    parser.add_argument("--writers", type=int, default=4)
-    parser.add_argument("--server", choices=("waitress", "gunicorn"), default="waitress",
-                        help="production WSGI server (gunicorn: pip install gunicorn)")
-    parser.add_argument("--threads", type=int, default=8, help="worker threads (per gunicorn worker)")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
-    parser.add_argument("--batch-steps", type=int, default=50, help="steps per metrics batch (8 points a step)")
-    parser.add_argument("--keep-db", action="store_true", help="keep the throwaway database afterwards")
-    parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = parser.parse_args(argv)
-    if not args.db:
-        parser.error("give --db postgresql+psycopg://user:pass@127.0.0.1/db or set RLREG_BENCH_POSTGRES_URL")
-    host = make_url(args.db).host
-    if host not in (None, "", "localhost") and not host.startswith("127.") and host != "::1":
-        parser.error("the benchmark only talks to a PostgreSQL server on this machine (127.0.0.1)")
+def new_database(spec: str, workdir: Path) -> tuple[str, Any]:
+    """A throwaway database: a SQLite file under ``workdir``, or a new database on a PostgreSQL server."""
+    if spec == "sqlite" or spec.startswith("sqlite"):
+        return f"sqlite:///{workdir / f'load-{uuid.uuid4().hex[:6]}.db'}", None
+    return throwaway_database(spec)
 
-    url, db_handle = throwaway_database(args.db)
-    workdir = Path(tempfile.mkdtemp(prefix="rlreg-load-"))
+
+def run_load(args: argparse.Namespace, workers: int, workdir: Path) -> dict[str, Any]:
+    """One measured run against a fresh database with ``workers`` server processes; returns its figures."""
+    url, db_handle = new_database(args.db, workdir)
     server = None
     try:
-        print(f"database {make_url(url).database}: seeding demo runs ...", flush=True)
+        print(f"\n== {workers} server process(es) over {make_url(url).get_backend_name()}: seeding demo runs ...",
+              flush=True)
         from registry.demo import build_demo
 
         build_demo(url, shared_data=workdir / "none", echo=lambda _: None)
         reg = Registry(url)
         create_user(reg, "bench", secrets.token_urlsafe(12))
-        token = create_token(reg, "bench", "load")
+        token = create_token(reg, "bench", "load", scope="write")
         seeded = [{"id": r["id"], "keys": [s["key"] for s in reg.run_detail(r["id"])["series"]]}
                   for r in reg.list_runs(limit=None)[0]]
         reg.close()
@@ -263,19 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         env = dict(os.environ, RLREG_ENV="production", RLREG_SECRET_KEY=secrets.token_hex(32),
-                   PYTHONPATH=str(REPO))
-        log = open(workdir / "server.log", "wb")
-        if args.server == "waitress":
-            command = [sys.executable, "-c", SERVER_SCRIPT, url, str(port), str(args.threads), str(workdir / "uploads")]
-            what = f"waitress ({args.threads} threads)"
-        else:
-            env.update(RLREG_DATABASE_URL=url, RLREG_UPLOAD_DIR=str(workdir / "uploads"))
-            command = [sys.executable, "-m", "gunicorn", "--workers", str(args.workers), "--threads", str(args.threads),
-                       "--worker-class", "gthread", "--bind", f"127.0.0.1:{port}", "--timeout", "120",
-                       "registry.web:create_app()"]
-            what = f"gunicorn ({args.workers} workers x {args.threads} threads)"
-        server = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+                   RLREG_DATABASE_URL=url, RLREG_UPLOAD_DIR=str(workdir / "uploads"), PYTHONPATH=str(REPO))
+        log_path = workdir / f"server-{port}.log"
+        log = open(log_path, "wb")
+        command = [sys.executable, "-m", "registry.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                   "--workers", str(workers), "--threads", str(args.threads)]
+        what = (f"gunicorn ({workers} workers x {args.threads} threads)" if workers > 1
+                else f"waitress (1 process, {args.threads} threads)")
+        server = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        deadline = time.monotonic() + 90
         while True:
             try:
                 if requests.get(base + "/api/openapi.yaml", timeout=1).status_code == 200:
@@ -283,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             except requests.RequestException:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                print((workdir / "server.log").read_text(), file=sys.stderr)
-                return 1
+                print(log_path.read_text(), file=sys.stderr)
+                raise SystemExit(1)
             time.sleep(0.2)
         print(f"{what} on {base}, {len(seeded)} seeded runs; "
               f"{args.readers} readers + {args.writers} writers for {args.seconds:g} s", flush=True)
@@ -310,9 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         server_cpu = (cpu_seconds(server.pid) - cpu_start) / elapsed
         client_cpu = (sum(os.times()[:2]) - own_start) / elapsed
 
-        problems = verify(url, results)
-        server_log = (workdir / "server.log").read_text(errors="replace")
-        server_errors = server_log.count("Traceback")
+        problems, lost = verify(url, results)
+        server_errors = log_path.read_text(errors="replace").count("Traceback")
 
         rows = []
         total = 0
@@ -329,31 +309,66 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['kind']:<20}{r['requests']:>10}{r['per_second']:>9.1f}{r['p50_ms']:>9.1f}"
                   f"{r['p99_ms']:>9.1f}{r['errors']:>8}")
         print(f"{'all':<20}{total:>10}{total / elapsed:>9.1f}{'':>18}{errors:>8}")
-        print(f"\nwritten: {points:,} points in {len(results)} runs ({points / elapsed:,.0f} points/s); "
-              f"client retries {sum(r.get('retries', 0) for r in results.values())}, duplicate batches "
-              f"{sum(r.get('duplicates', 0) for r in results.values())}; server tracebacks {server_errors}; "
-              f"CPU: server {server_cpu:.2f} cores, load clients {client_cpu:.2f} cores (of {os.cpu_count()})")
+        print(f"\nwritten: {points:,} points in {len(results)} runs ({points / elapsed:,.0f} points/s); lost or "
+              f"duplicated points: {lost}; client retries {sum(r.get('retries', 0) for r in results.values())}, "
+              f"duplicate batches {sum(r.get('duplicates', 0) for r in results.values())}; server tracebacks "
+              f"{server_errors}; CPU: server {server_cpu:.2f} cores, load clients {client_cpu:.2f} cores "
+              f"(of {os.cpu_count()})")
         for sample in stats.error_samples:
             print("  error:", sample)
         if problems:
             print("LOSS OR MISMATCH:\n  " + "\n  ".join(problems))
         else:
             print("verified: every written point arrived exactly once (count, steps and values per series)")
-        if args.json:
-            args.json.write_text(json.dumps({"seconds": elapsed, "rows": rows, "errors": errors, "points": points,
-                                             "problems": problems, "server_tracebacks": server_errors,
-                                             "server_cpu_cores": server_cpu, "client_cpu_cores": client_cpu},
-                                            indent=2))
-        return 1 if errors or problems or server_errors or len(results) != args.writers else 0
+        return {"workers": workers, "backend": make_url(url).get_backend_name(), "seconds": elapsed, "rows": rows,
+                "requests_per_second": total / elapsed, "errors": errors, "points": points, "lost_points": lost,
+                "problems": problems, "server_tracebacks": server_errors, "server_cpu_cores": server_cpu,
+                "client_cpu_cores": client_cpu, "ok": not (errors or problems or server_errors
+                                                           or len(results) != args.writers)}
     finally:
         if server is not None and server.poll() is None:
-            server.send_signal(signal.SIGTERM)
+            os.killpg(server.pid, signal.SIGTERM)
             try:
                 server.wait(30)
             except subprocess.TimeoutExpired:
-                server.kill()
-        if not args.keep_db:
+                os.killpg(server.pid, signal.SIGKILL)
+        if db_handle is not None and not args.keep_db:
             drop_database(db_handle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", default=os.environ.get("RLREG_BENCH_POSTGRES_URL") or "sqlite",
+                        help="'sqlite' (a file in a temporary directory) or a PostgreSQL server URL on 127.0.0.1 "
+                             "(a throwaway database is created on it)")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--readers", type=int, default=16)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=8, help="threads per server process")
+    parser.add_argument("--workers", type=int, default=2, help="server processes (1: waitress; more: gunicorn)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run the same load against one process, then compare throughput")
+    parser.add_argument("--batch-steps", type=int, default=50, help="steps per metrics batch (8 points a step)")
+    parser.add_argument("--keep-db", action="store_true", help="keep the throwaway database afterwards")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.db != "sqlite" and not args.db.startswith("sqlite"):
+        host = make_url(args.db).host
+        if host not in (None, "", "localhost") and not host.startswith("127.") and host != "::1":
+            parser.error("the benchmark only talks to a PostgreSQL server on this machine (127.0.0.1)")
+    workdir = Path(tempfile.mkdtemp(prefix="rlreg-load-"))
+    figures = []
+    if args.baseline and args.workers != 1:
+        figures.append(run_load(args, 1, workdir))
+    figures.append(run_load(args, args.workers, workdir))
+    if len(figures) == 2:
+        single, scaled = figures
+        ratio = scaled["requests_per_second"] / max(single["requests_per_second"], 1e-9)
+        print(f"\nthroughput: {scaled['requests_per_second']:.1f} req/s with {args.workers} processes vs "
+              f"{single['requests_per_second']:.1f} req/s with one, measured in this run: {ratio:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0 if all(f["ok"] for f in figures) else 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,41 @@ class RegistryGroup(click.Group):
         except RegistryError as exc:
             err_console.print(f"error: {exc}", markup=False, highlight=False)
             ctx.exit(1)
+        except Exception as exc:  # noqa: BLE001 - the environment failing (disk, permissions), said in one line
+            message = environment_error_message(exc)
+            if message is None:
+                raise
+            err_console.print(f"error: {message}", markup=False, highlight=False)
+            ctx.exit(1)
+
+
+def environment_error_message(exc: BaseException) -> str | None:
+    """One line for the failures of the machine rather than of the input (None: a bug, let it show)."""
+    import errno
+
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        text = str(exc.orig) if exc.orig is not None else str(exc)
+        lowered = text.lower()
+        if "readonly" in lowered or "read-only" in lowered or "read only" in lowered:
+            return f"the database is read-only ({text}); nothing was changed"
+        if "disk is full" in lowered or "no space" in lowered or "could not extend" in lowered:
+            return f"the disk is full ({text}); the transaction was rolled back, nothing was changed"
+        if "disk i/o error" in lowered:
+            return (f"the database could not write to disk ({text}: a full disk, a quota or a failing device); "
+                    "the transaction was rolled back, nothing was changed")
+        if "unable to open" in lowered or "could not connect" in lowered or "connection" in lowered:
+            return f"cannot reach the database ({text})"
+        return f"the database refused the operation ({text}); nothing was changed"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            return f"no space left to write{where} ({exc.strerror})"
+        return f"{exc.strerror}{where}"
+    if isinstance(exc, UnicodeError):
+        return f"an argument or file name is not valid UTF-8 ({exc.reason})"
+    return None
 
 
 @click.group(cls=RegistryGroup)
@@ -52,7 +87,13 @@ def open_from(ctx: click.Context):  # -> Registry (imported lazily: keeps `rlreg
     from .store import Registry
 
     if "registry" not in ctx.obj:
-        ctx.obj["registry"] = Registry(ctx.obj["db_url"])
+        from config import ConfigError, load_limits
+
+        try:
+            limits = load_limits()
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        ctx.obj["registry"] = Registry(ctx.obj["db_url"], limits=limits)
         ctx.call_on_close(ctx.obj["registry"].close)
     return ctx.obj["registry"]
 
@@ -528,6 +569,58 @@ def user_create(ctx: click.Context, username: str, password: str) -> None:
     click.echo(f"created user {username}")
 
 
+@user.command("disable")
+@click.argument("username")
+@click.pass_context
+def user_disable(ctx: click.Context, username: str) -> None:
+    """Stop a user: their tokens and web sessions stop working at once (nothing is deleted)."""
+    from .auth import set_user_disabled
+
+    set_user_disabled(open_from(ctx.find_root()), username, True)
+    click.echo(f"disabled user {username}: their tokens and sessions no longer work")
+
+
+@user.command("enable")
+@click.argument("username")
+@click.pass_context
+def user_enable(ctx: click.Context, username: str) -> None:
+    """Let a disabled user in again (their unrevoked tokens work again; they log in anew)."""
+    from .auth import set_user_disabled
+
+    set_user_disabled(open_from(ctx.find_root()), username, False)
+    click.echo(f"enabled user {username}")
+
+
+@user.command("password")
+@click.argument("username")
+@click.password_option(help="New password (asked for when omitted).")
+@click.pass_context
+def user_password(ctx: click.Context, username: str, password: str) -> None:
+    """Change a user's password; every web session of theirs ends."""
+    from .auth import set_password
+
+    ended = set_password(open_from(ctx.find_root()), username, password)
+    click.echo(f"changed the password of {username}; ended {ended} session(s)")
+
+
+@user.command("list")
+@json_option
+@click.pass_context
+def user_list(ctx: click.Context, as_json: bool) -> None:
+    from .auth import list_users
+
+    rows = list_users(open_from(ctx.find_root()))
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table(title=f"{len(rows)} users", title_justify="left")
+    for col in ("user", "created", "state"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["user"], r["created_at"][:19], "disabled" if r["disabled"] else "active")
+    console.print(table)
+
+
 @cli.group()
 def token() -> None:
     """API tokens for the Python client and scripts (sent as a bearer header)."""
@@ -536,12 +629,15 @@ def token() -> None:
 @token.command("create")
 @click.option("--user", "username", required=True)
 @click.option("--name", required=True, help="What the token is for, e.g. 'cluster-a training'.")
+@click.option("--scope", type=click.Choice(["read", "write", "admin"]), default="write", show_default=True,
+              help="read: reads only (dashboards, CI); write: also runs, metrics, outcomes, uploads; "
+                   "admin: also deleting runs and editing the dictionary and baselines.")
 @click.pass_context
-def token_create(ctx: click.Context, username: str, name: str) -> None:
+def token_create(ctx: click.Context, username: str, name: str, scope: str) -> None:
     """Create a token; its secret is printed once and never stored."""
     from .auth import create_token
 
-    secret = create_token(open_from(ctx.find_root()), username, name)
+    secret = create_token(open_from(ctx.find_root()), username, name, scope)
     click.echo(secret)
     err_console.print("store it now: only its hash is kept, it cannot be shown again", style="yellow")
 
@@ -568,23 +664,34 @@ def token_list(ctx: click.Context, as_json: bool) -> None:
         echo_json(rows)
         return
     table = Table(title=f"{len(rows)} tokens", title_justify="left")
-    for col in ("user", "name", "prefix", "created", "last used", "state"):
+    for col in ("user", "name", "scope", "prefix", "created", "last used", "state"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["user"], r["name"], r["prefix"] + "...", r["created_at"][:19], (r["last_used_at"] or "")[:19],
-                      "revoked" if r["revoked"] else "active")
+        table.add_row(r["user"], r["name"], r["scope"], r["prefix"] + "...", r["created_at"][:19],
+                      (r["last_used_at"] or "")[:19], "revoked" if r["revoked"] else "active")
     console.print(table)
 
 
 @cli.command("export")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
+@click.option("--without-credentials", is_flag=True,
+              help="Leave out users (password hashes) and API tokens (hashes and scopes).")
 @click.pass_context
-def export_cmd(ctx: click.Context, path: Path) -> None:
-    """Write the whole registry (runs, series, dictionary with history, baselines) to one file."""
+def export_cmd(ctx: click.Context, path: Path, force: bool, without_credentials: bool) -> None:
+    """Write the whole registry to one file: runs, series, outcomes, the dictionary with its history,
+    baselines, findings, embeddings, and (unless --without-credentials) users' password hashes and
+    token hashes. It ends with a manifest (rows and a checksum per table) that import verifies."""
     from .transfer import export_registry
 
-    counts = export_registry(open_from(ctx), path)
+    counts = export_registry(open_from(ctx), path, overwrite=force, without_credentials=without_credentials)
     click.echo(f"wrote {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
+    if without_credentials:
+        click.echo("without users and API tokens")
+    elif counts.get("users") or counts.get("api_tokens"):
+        err_console.print(f"it holds {counts.get('users', 0)} users' password hashes and {counts.get('api_tokens', 0)} "
+                          "API token hashes: keep it as safe as the database (or use --without-credentials)",
+                          style="yellow", highlight=False)
 
 
 @cli.command("import")
@@ -803,29 +910,41 @@ def demo(demo_db: str, host: str, port: int, serve: bool, shared_data: Path | No
         _serve(url, host, port)
 
 
-def _serve(url: str, host: str, port: int) -> None:
+def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -> None:
     try:
-        from .web import create_app
+        from .web import server
     except ImportError:
         click.echo("the web UI is not part of this build; the registry is ready for the CLI and Python API")
         return
-    from waitress import serve as waitress_serve
+    from config import ConfigError
 
-    app = create_app({"DATABASE_URL": url})
-    click.echo(f"serving on http://{host}:{port}/  (Ctrl-C to stop)")
-    # Waitress enforces the upload limit itself, before spooling a body to disk.
-    waitress_serve(app, host=host, port=port, threads=8, max_request_body_size=app.config["MAX_CONTENT_LENGTH"])
+    click.echo(f"serving on http://{host}:{port}/ with {workers} process(es) x {threads} threads  (Ctrl-C to stop)")
+    try:
+        if workers > 1:
+            try:
+                import gunicorn  # noqa: F401
+            except ImportError:
+                raise click.ClickException("--workers above 1 needs gunicorn: pip install 'rlregistry[server]' "
+                                           "(or pip install gunicorn)") from None
+            server.serve_gunicorn(url, host, port, workers, threads)
+        else:
+            server.serve_waitress(url, host, port, threads)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=5000, show_default=True)
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes (gunicorn when above 1; about one per core, over PostgreSQL).")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Threads per process.")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int) -> None:
+def serve(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Serve the web UI and JSON API (127.0.0.1 by default)."""
     from .db import default_database_url
 
-    _serve(ctx.obj["db_url"] or default_database_url(), host, port)
+    _serve(ctx.obj["db_url"] or default_database_url(), host, port, workers, threads)
 
 
 # Defined in its own module (it needs the helpers above): following growing logs and spool files.

@@ -15,7 +15,9 @@ on the queue, under the same id, until the server acknowledges it. The server ap
 id once per run, so resending a batch whose answer was lost (a timeout, a restart between commit
 and reply) duplicates nothing; keeping it until acknowledged loses nothing.
 
-Retries: connection errors, timeouts, 5xx answers and 429 are retried with exponential
+Retries: every transport error (a refused or reset connection, a timeout, a reply cut off after
+its headers or in its body, an answer that is not the JSON it announced), 5xx answers and 429
+are retried with exponential
 backoff (``backoff_initial`` doubling up to ``backoff_max``, with jitter, honouring
 ``Retry-After``) for at most ``retry_seconds`` in total per call; then :class:`RemoteError`
 is raised with the batches still queued, and the next ``flush()`` starts over with them.
@@ -40,6 +42,10 @@ import requests
 
 DEFAULT_TIMEOUT = (5.0, 60.0)  # connect, read
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Failures of the transport, not of the request: the server may or may not have applied it, and
+# resending under the same idempotent id is safe either way.
+TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                    requests.exceptions.ContentDecodingError)
 
 
 class RemoteError(Exception):
@@ -92,7 +98,7 @@ class RemoteRegistry:
 
     def request(self, method: str, path: str, *, json_body: Any = None, retry: bool = True,
                 **kwargs: Any) -> Any:
-        """One API call, retried on connection errors, timeouts, 5xx and 429; returns the JSON answer."""
+        """One API call, retried on transport errors (cut, reset, timeout), 5xx and 429; returns the JSON answer."""
         data = kwargs.pop("data", None)
         headers = dict(kwargs.pop("headers", None) or {})
         if json_body is not None:
@@ -102,14 +108,19 @@ class RemoteRegistry:
         attempt = 0
         while True:
             wait: float | None = None
+            response = None
             try:
                 response = self.session.request(method, self.url + path, data=data, headers=headers,
                                                 timeout=self.timeout, **kwargs)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                problem: str = f"{type(exc).__name__}: {exc}"
-            else:
                 if response.status_code < 400:
                     return response.json() if response.content else None
+            except TRANSPORT_ERRORS as exc:
+                problem: str = f"{type(exc).__name__}: {exc}"
+            except ValueError as exc:
+                if response is None:  # a malformed URL or argument: resending cannot help
+                    raise RemoteError(f"{method} {path}: {exc}") from None
+                problem = f"the answer was not complete JSON ({exc})"  # a 2xx cut off on the way
+            else:
                 message = _error_message(response)
                 if response.status_code in (401, 403):
                     raise RemoteAuthError(message, response.status_code)

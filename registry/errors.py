@@ -61,3 +61,15 @@ class FilterSyntaxError(RegistryError):
 
 class DefinitionError(RegistryError):
     """A metric definition is invalid (unknown enum value, bad range, ...)."""
+
+
+class LimitExceededError(InputError):
+    """An input is within the format but beyond a configured bound on the work one request may cause.
+
+    ``status`` is the HTTP answer: 413 for sizes (bytes, decompressed bytes, line length), 422 for
+    counts and shapes (keys, tags, checkpoints, nesting, number size, page numbers, CPU time).
+    """
+
+    def __init__(self, message: str, source: str | None = None, position: str | None = None, *, status: int = 422):
+        super().__init__(message, source, position)
+        self.status = status

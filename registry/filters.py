@@ -20,13 +20,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from lark import Lark, Token, Transformer, UnexpectedInput, v_args
+from lark import Lark, Token, Transformer, Tree, UnexpectedInput, v_args
 from sqlalchemy import ColumnElement, and_, exists, func, not_, or_, select, true
 
 from .errors import FilterSyntaxError, InputError
 from .models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series
 
 MAX_FILTER_LENGTH = 2000
+MAX_FILTER_DEPTH = 20  # nested not / and / or / parentheses; real filters use 2-4
 
 GRAMMAR = r"""
 ?start: or_expr
@@ -268,6 +269,9 @@ def compile_filter(expression: str) -> ColumnElement:
         expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
         hint = f"; expected {', '.join(_token_names(expected))}" if expected else ""
         raise FilterSyntaxError(f"unexpected input{hint}", expression, exc.column) from None
+    if _depth(tree) > MAX_FILTER_DEPTH:
+        raise FilterSyntaxError(f"nested more than {MAX_FILTER_DEPTH} levels deep (not, and, or, parentheses)",
+                                expression[:60] + ("..." if len(expression) > 60 else ""))
     try:
         return _Compiler().transform(tree)
     except Exception as exc:  # lark wraps transformer errors in VisitError
@@ -275,6 +279,16 @@ def compile_filter(expression: str) -> ColumnElement:
         if isinstance(cause, ValueError):
             raise FilterSyntaxError(str(cause), expression) from None
         raise
+
+
+def _depth(tree: Tree) -> int:
+    """The nesting depth of a parse tree, walked without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+    return deepest
 
 
 _TOKEN_NAMES = {

@@ -349,6 +349,21 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # read < write < admin (registry.auth.SCOPES); tokens made before scopes existed became admin.
+    scope: Mapped[str] = mapped_column(String(10), default="write")
+
+
+class UserSession(Base):
+    """A web login: the cookie carries a random id, this row its SHA-256. Logging out, changing the
+    password or disabling the user deletes rows, which ends those sessions in every server process."""
+
+    __tablename__ = "user_sessions"
+    __table_args__ = (Index("ix_user_sessions_user", "user_id"),)
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class RunFindings(Base):

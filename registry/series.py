@@ -122,6 +122,10 @@ class SeriesBuilder:
         self.warnings: list[str] = []
         self._columns: dict[str, _Column] = {}
 
+    @property
+    def key_count(self) -> int:
+        return len(self._columns)
+
     def add(self, point: Point) -> None:
         key, step, value, wall, position = point
         col = self._columns.get(key)

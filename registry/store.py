@@ -23,6 +23,7 @@ from .db import default_database_url, make_engine, make_session_factory
 from .dictionary import ensure_default_dictionary
 from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
 from .hparams import flatten, iter_typed, restore_value
+from .limits import DEFAULT_LIMITS, Limits
 from .models import (
     RUN_STATUSES,
     VERDICTS,
@@ -88,8 +89,9 @@ class Registry:
     ...     run.log(1, {"critic/score/mean": 0.1, "actor/ppo_kl": 1e-4})
     """
 
-    def __init__(self, url: str | None = None, *, upgrade: bool = True):
+    def __init__(self, url: str | None = None, *, upgrade: bool = True, limits: Limits | None = None):
         self.url = url or default_database_url()
+        self.limits = limits or DEFAULT_LIMITS
         self.engine = make_engine(self.url)
         self._sessions = make_session_factory(self.engine)
         self._read_sessions = make_session_factory(self.engine, read_only=True)
@@ -171,6 +173,8 @@ class Registry:
             code_version=code_version,
             status=status,
         )
+        self.limits.check_tags(len(tags or ()))
+        self.limits.check_depth(params or {}, "hyperparameters")
         session.add(run)
         seen = set()
         for key, vtype, num, text in iter_typed(params or {}):
@@ -374,17 +378,22 @@ class Registry:
         """Register one run from a training log (TensorBoard dir, trainer_state.json, verl log, CSV, JSONL)."""
         from .importers import fingerprint, open_source
 
+        self.limits.check_line_lengths(Path(path))
         source = open_source(Path(path), format)
         fp = fingerprint(source)
         with self.read() as session:
             previous = session.scalar(select(Run).where(Run.source_fingerprint == fp))
             if previous is not None and not replace:
                 raise AlreadyRegisteredError(previous.id, previous.name)
+        self.limits.check_tags(len(tags or ()))
         builder = SeriesBuilder(str(path), on_disorder)
         for i, point in enumerate(source.points(), 1):
             builder.add(point)
+            if i % 1024 == 0:
+                self.limits.check_keys(builder.key_count, str(path))
             if progress is not None and i % 10000 == 0:
                 progress(10000)
+        self.limits.check_keys(builder.key_count, str(path))
         data, summary = split_run_summary(builder.build())
         if not data:
             raise InputError("no metric points found", str(path))
@@ -545,12 +554,20 @@ class Registry:
                 session.add(OutcomeScore(run_id=run.id, name=score_name, value=value))
             else:
                 row.value = value
-        for ckpt in checkpoints or ():
+        checkpoints = list(checkpoints or ())
+        self.limits.check_checkpoints(len(checkpoints))
+        existing: dict[int, Checkpoint] = {}
+        if checkpoints:  # one query for the run's checkpoints, not one per checkpoint
+            existing = {c.step: c for c in session.scalars(select(Checkpoint).where(Checkpoint.run_id == run.id))}
+            self.limits.check_checkpoints(len(existing.keys() | {int(c[0]) for c in checkpoints}))
+        for ckpt in checkpoints:
             step, uri, *rest = ckpt
             _check_text(uri, "checkpoint reference", 2000)
-            row = session.scalar(select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.step == int(step)))
+            row = existing.get(int(step))
             if row is None:
-                session.add(Checkpoint(run_id=run.id, step=int(step), uri=uri, note=rest[0] if rest else None))
+                row = existing[int(step)] = Checkpoint(run_id=run.id, step=int(step), uri=uri,
+                                                       note=rest[0] if rest else None)
+                session.add(row)
             else:
                 row.uri = uri
                 row.note = rest[0] if rest else row.note

@@ -70,7 +70,7 @@ def site(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("xss")
     reg = Registry(f"sqlite:///{tmp / 'registry.db'}")
     create_user(reg, "mallory", "mallory-password")
-    token = create_token(reg, "mallory", "attacker")
+    token = create_token(reg, "mallory", "attacker", scope="admin")
     config = {"REGISTRY": reg, "SECRET_KEY": "xss-test", "UPLOAD_DIR": str(tmp / "uploads")}
     if request.param == "escaping-only":
         config["CONTENT_SECURITY_POLICY"] = None

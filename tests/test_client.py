@@ -50,7 +50,7 @@ class Server:
         self.starts = 0
 
     def start(self, wait: bool = True) -> None:
-        env = dict(os.environ, RLREG_ENV="production", RLREG_SECRET_KEY="client-test-secret-key",
+        env = dict(os.environ, RLREG_ENV="production", RLREG_SECRET_KEY="client-test-secret-key-of-32-chars",
                    PYTHONPATH=str(REPO))
         log = open(self.workdir / f"server-{self.starts}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, self.db_url, str(self.port),
@@ -86,7 +86,7 @@ class Server:
 def server(db_url, tmp_path):
     reg = Registry(db_url)
     create_user(reg, "trainer", "streaming-pass")
-    token = create_token(reg, "trainer", "cluster")
+    token = create_token(reg, "trainer", "cluster", scope="admin")
     srv = Server(db_url, tmp_path)
     srv.start()
     yield srv, token, reg

@@ -17,7 +17,7 @@ from test_web_support import check_response
 def call(db_url, tmp_path, openapi):
     reg = Registry(db_url)
     create_user(reg, "writer", "writer-password")
-    token = create_token(reg, "writer", "api")
+    token = create_token(reg, "writer", "api", scope="admin")
     client = create_app({"REGISTRY": reg, "TESTING": True, "SECRET_KEY": "s",
                          "UPLOAD_DIR": str(tmp_path / "up")}).test_client()
     auth = {"Authorization": f"Bearer {token}"}

@@ -48,6 +48,8 @@ def _canonical_rows(path: Path) -> dict[str, list[str]]:
         next(f)
         for line in f:
             item = json.loads(line)
+            if "manifest" in item:
+                continue
             row = {k: _decode(v) for k, v in item["r"].items()}
             tables.setdefault(item["t"], []).append(json.dumps(canon(row), sort_keys=True))
     return {t: sorted(rows) for t, rows in tables.items()}
@@ -111,3 +113,133 @@ def test_cli_export_then_import(sqlite_url: str, tmp_path: Path):
     assert math.isnan(Registry(target).read_series("r", "x").values[1])
     again = runner.invoke(cli, ["--db", target, "import", str(tmp_path / "e.gz")])
     assert again.exit_code == 1 and "already holds runs" in again.output
+
+
+# --- the manifest, overwriting, credentials --------------------------------------------------------
+
+
+def _lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.readlines()
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(lines)
+    return path
+
+
+def _exported(tmp_path: Path) -> tuple[Registry, Path]:
+    from registry.auth import create_token, create_user
+
+    reg = Registry(f"sqlite:///{tmp_path / 'src.db'}")
+    for i in range(3):
+        reg.register_arrays(f"run{i}", {"loss": ([1, 2, 3], [1.0, 0.5, 0.25]), "kl": ([1, 2], [0.1, 0.2])},
+                            tags=["a", f"t{i}"], params={"lr": 10.0 ** -i})
+    create_user(reg, "alice", "alice-password")
+    create_token(reg, "alice", "ci", scope="read")
+    path = tmp_path / "full.jsonl.gz"
+    export_registry(reg, path)
+    return reg, path
+
+
+def _assert_untouched(target: Registry) -> None:
+    assert target.list_runs()[1] == 0
+    assert len(target.definitions_by_name()) > 20  # the seeded dictionary is still there
+
+
+@pytest.mark.parametrize("cut", ["manifest", "half", "table"])
+def test_a_truncated_export_is_refused_naming_what_is_missing(tmp_path: Path, cut: str):
+    src, path = _exported(tmp_path)
+    lines = _lines(path)
+    assert json.loads(lines[-1]).keys() == {"manifest"}
+    tables = [json.loads(line)["t"] for line in lines[1:-1]]
+    if cut == "manifest":
+        kept = lines[:-1]  # every row, only the manifest lost: still refused
+    elif cut == "half":
+        kept = lines[: len(lines) // 2]
+    else:  # the whole series table's rows gone, manifest kept
+        kept = [line for line in lines if '"t": "series"' not in line]
+        assert "series" in tables
+    broken = _write(tmp_path / f"cut-{cut}.jsonl.gz", kept)
+    target = Registry(f"sqlite:///{tmp_path / f'target-{cut}.db'}")
+    with pytest.raises(InputError) as info:
+        import_registry(target, broken)
+    message = str(info.value)
+    assert broken.name in message and "nothing was imported" in message
+    if cut == "table":
+        assert "series: 0 rows, the manifest says 6" in message
+    else:
+        assert "without its manifest" in message and f"ends at line {len(kept)}" in message
+    _assert_untouched(target)
+    # A gzip stream cut mid-block is refused as well.
+    raw = path.read_bytes()
+    torn = tmp_path / "torn.jsonl.gz"
+    torn.write_bytes(raw[: len(raw) * 2 // 3])
+    with pytest.raises(InputError, match="cut short|without its manifest"):
+        import_registry(target, torn)
+    _assert_untouched(target)
+    src.close()
+    target.close()
+
+
+def test_an_altered_export_is_refused(tmp_path: Path):
+    src, path = _exported(tmp_path)
+    lines = _lines(path)
+    index = next(i for i, line in enumerate(lines) if '"t": "runs"' in line)
+    lines[index] = lines[index].replace('"run1"', '"runX"').replace('"run0"', '"runX"').replace('"run2"', '"runX"')
+    altered = _write(tmp_path / "altered.jsonl.gz", lines)
+    target = Registry(f"sqlite:///{tmp_path / 'target.db'}")
+    with pytest.raises(InputError, match="runs: the rows differ from the exported ones"):
+        import_registry(target, altered)
+    _assert_untouched(target)
+    extra = _write(tmp_path / "extra.jsonl.gz", [*_lines(path), _lines(path)[1]])
+    with pytest.raises(InputError, match="after the manifest"):
+        import_registry(target, extra)
+    _assert_untouched(target)
+    assert import_registry(target, path)["runs"] == 3
+    src.close()
+    target.close()
+
+
+def test_cli_export_refuses_to_overwrite_without_force_and_can_leave_credentials_out(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from registry.auth import list_tokens
+    from registry.cli import cli
+
+    src, _ = _exported(tmp_path)
+    db = ["--db", str(src.engine.url)]
+    runner = CliRunner()
+    target = tmp_path / "e.jsonl.gz"
+    target.write_bytes(b"precious")
+    refused = runner.invoke(cli, [*db, "export", str(target)])
+    assert refused.exit_code == 1 and "exists already" in refused.output and "--force" in refused.output
+    assert target.read_bytes() == b"precious"
+    full = runner.invoke(cli, [*db, "export", str(target), "--force"])
+    assert full.exit_code == 0 and "password hashes" in full.output
+    assert any('"t": "users"' in line for line in _lines(target))
+    bare = tmp_path / "bare.jsonl.gz"
+    out = runner.invoke(cli, [*db, "export", str(bare), "--without-credentials"])
+    assert out.exit_code == 0 and "without users and API tokens" in out.output
+    text = "".join(_lines(bare))
+    assert '"t": "users"' not in text and '"t": "api_tokens"' not in text and "password_hash" not in text
+    missing_dir = runner.invoke(cli, [*db, "export", str(tmp_path / "no" / "such" / "e.gz")])
+    assert missing_dir.exit_code == 1 and "does not exist" in missing_dir.output
+    assert "Traceback" not in missing_dir.output
+    assert not list(tmp_path.glob(".*.part"))
+    # Without credentials the target keeps its own users and gets the runs.
+    dest_url = f"sqlite:///{tmp_path / 'dest.db'}"
+    from registry.auth import create_token, create_user
+
+    dest = Registry(dest_url)
+    create_user(dest, "admin", "admin-password")
+    create_token(dest, "admin", "ops", scope="admin")
+    assert runner.invoke(cli, ["--db", dest_url, "import", str(bare)]).exit_code == 0
+    assert dest.list_runs()[1] == 3 and [t["user"] for t in list_tokens(dest)] == ["admin"]
+    # With credentials the export's users come along (hashes only; the token secret never left).
+    full_dest = Registry(f"sqlite:///{tmp_path / 'full-dest.db'}")
+    import_registry(full_dest, target)
+    assert [(t["user"], t["scope"]) for t in list_tokens(full_dest)] == [("alice", "read")]
+    for reg in (src, dest, full_dest):
+        reg.close()

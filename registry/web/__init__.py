@@ -19,7 +19,6 @@ the limit while it streams).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,10 +30,11 @@ from markupsafe import Markup
 from sqlalchemy.exc import DataError
 from werkzeug.exceptions import HTTPException
 
-from config import Config, secret_key
+from config import load_settings, secret_key
 
 from ..auth import AuthError
-from ..errors import AlreadyRegisteredError, FilterSyntaxError, InputError, NotFoundError, RegistryError
+from ..errors import (AlreadyRegisteredError, FilterSyntaxError, InputError, LimitExceededError, NotFoundError,
+                      RegistryError)
 from ..store import Registry
 from .cache import DEFAULT_MAX_BYTES, PlotCache
 
@@ -53,28 +53,12 @@ csrf = CSRFProtect()
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, template_folder=str(TEMPLATE_DIR), static_folder=str(STATIC_DIR),
                 static_url_path="/static")
-    app.config.from_object(Config)
+    app.config.update(load_settings())
     app.config.setdefault("PLOT_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES)
     app.config.setdefault("CONTENT_SECURITY_POLICY", DEFAULT_CSP)
     app.config["JSON_SORT_KEYS"] = False
-    # The environment as it is now (Config read it at import time; a server may set it later).
-    if os.environ.get("RLREG_ENV"):
-        app.config["PRODUCTION"] = os.environ["RLREG_ENV"] == "production"
-    if os.environ.get("RLREG_SECRET_KEY"):
-        app.config["SECRET_KEY"] = os.environ["RLREG_SECRET_KEY"]
-    if os.environ.get("RLREG_REQUIRE_LOGIN_FOR_READS"):
-        app.config["REQUIRE_LOGIN_FOR_READS"] = os.environ["RLREG_REQUIRE_LOGIN_FOR_READS"] == "1"
-    app.config.setdefault("UPLOAD_DIR", os.environ.get("RLREG_UPLOAD_DIR"))  # None: ./rlregistry-uploads
-    app.config.setdefault("MAX_UNPACKED_BYTES", int(os.environ.get(
-        "RLREG_MAX_UNPACKED_BYTES", str(4 * int(app.config["MAX_CONTENT_LENGTH"])))))
-    app.config.setdefault("MAX_ARCHIVE_MEMBERS", 10000)
-    app.config.setdefault("LOGIN_MAX_FAILURES_PER_USER", 5)
-    app.config.setdefault("LOGIN_MAX_FAILURES_PER_IP", 20)
-    app.config.setdefault("LOGIN_WINDOW_SECONDS", 300)
     app.config["SESSION_COOKIE_HTTPONLY"] = True
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
-    app.config.setdefault("SESSION_COOKIE_SECURE", os.environ.get("RLREG_SECURE_COOKIES", "0") == "1")
-    app.config.setdefault("PERMANENT_SESSION_LIFETIME", 12 * 3600)
     if test_config:
         app.config.update(test_config)
     # Production: the configured secret or no start at all (config.secret_key raises).
@@ -82,7 +66,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         SECRET_KEY=app.config.get("SECRET_KEY"), PRODUCTION=bool(app.config.get("PRODUCTION"))))
     app.json.sort_keys = False
 
-    registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"))
+    registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"), limits=app.config["LIMITS"])
     app.extensions["rlregistry"] = registry
     from .queries import RefMemo
 
@@ -93,9 +77,10 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     from .security import FailureThrottle, Throttles, require_login_for_reads
 
     window = float(app.config["LOGIN_WINDOW_SECONDS"])
+    backoff = float(app.config["LOGIN_MAX_BACKOFF_SECONDS"])
     app.extensions["rlregistry.throttle"] = Throttles(
-        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_USER"]), window),
-        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_IP"]), window))
+        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_USER_AND_CLIENT"]), window, backoff),
+        FailureThrottle(int(app.config["LOGIN_MAX_FAILURES_PER_CLIENT"]), window, backoff))
 
     @app.before_request
     def _refuse_large_bodies():  # noqa: ANN202 - before CSRF, which would read the form
@@ -111,8 +96,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         values = [*request.args.keys(), *request.args.values(), *(request.view_args or {}).values()]
         if request.mimetype == "application/x-www-form-urlencoded":  # multipart: not parsed before the auth check
             values += [*request.form.keys(), *request.form.values()]
-        if any(isinstance(v, str) and "\x00" in v for v in values):
-            raise InputError("the request contains a NUL character")
+        if any(isinstance(v, str) and ("\x00" in v or not v.encode("utf-8", "surrogatepass").decode(
+                "utf-8", "ignore") == v) for v in values):
+            raise InputError("the request contains a NUL character or a lone surrogate")
 
     app.before_request(require_login_for_reads)
     csrf.init_app(app)
@@ -215,6 +201,9 @@ def modify_query(**changes: Any) -> str:
 
 
 def _register_template_helpers(app: Flask) -> None:
+    from .security import session_user
+
+    app.jinja_env.globals["session_user"] = session_user
     app.jinja_env.filters["num"] = format_number
     app.jinja_env.filters["show"] = show_value
     app.jinja_env.filters["breakable"] = breakable
@@ -244,6 +233,8 @@ def _wants_json() -> bool:
 
 
 def _status_for(exc: RegistryError) -> int:
+    if isinstance(exc, LimitExceededError):
+        return exc.status
     if isinstance(exc, NotFoundError):
         return 404
     if isinstance(exc, AuthError):
@@ -259,8 +250,8 @@ def _register_error_handlers(app: Flask) -> None:
         status = _status_for(exc)
         if _wants_json():
             return jsonify({"error": str(exc)}), status
-        return render_template("error.html", status=status, message=str(exc),
-                               title="Not found" if status == 404 else "Bad request"), status
+        title = {404: "Not found", 413: "Too large", 422: "Beyond a limit"}.get(status, "Bad request")
+        return render_template("error.html", status=status, message=str(exc), title=title), status
 
     @app.errorhandler(CSRFError)
     def _csrf_error(exc: CSRFError):  # noqa: ANN202

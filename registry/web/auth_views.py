@@ -1,9 +1,12 @@
 """Log in and out of the web UI (a Flask session cookie; users come from ``rlreg user create``).
 
-The login form carries a CSRF token. Failed attempts are throttled per client address and per
-user name (``LOGIN_MAX_FAILURES_PER_USER`` / ``LOGIN_MAX_FAILURES_PER_IP`` within
-``LOGIN_WINDOW_SECONDS``): past the limit the form answers 429 without checking the password.
-Logging out is a POST (a CSRF-protected form in the top bar), so no link can log a user out.
+The login form carries a CSRF token. Failed attempts count per client address and per (user
+name, client address) (``LOGIN_MAX_FAILURES_PER_CLIENT`` / ``LOGIN_MAX_FAILURES_PER_USER_AND_CLIENT``
+within ``LOGIN_WINDOW_SECONDS``): past the limit that client backs off (429 with ``Retry-After``,
+without checking the password); other clients, the right password among them, are not slowed.
+A login starts a server-side session (``PERMANENT_SESSION_LIFETIME``, ``RLREG_SESSION_HOURS``);
+logging out ends it in the database, so a saved copy of the cookie stops working too. Logging
+out is a POST (a CSRF-protected form in the top bar), so no link can log a user out.
 """
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ from flask_wtf import FlaskForm
 from wtforms import PasswordField, StringField
 from wtforms.validators import DataRequired, Length
 
-from ..auth import AuthError, check_password
+from ..auth import AuthError, check_password, end_session, start_session
 from . import get_registry
-from .security import SESSION_USER_KEY, TooManyAttempts, client_keys, safe_next, throttle
+from .security import SESSION_ID_KEY, TooManyAttempts, client_keys, safe_next, throttle
 
 bp = Blueprint("auth", __name__)
 
@@ -56,7 +59,8 @@ def login():
             else:
                 throttle().reset(keys[-1])
                 session.clear()  # a fresh session: nothing from before the login survives it
-                session[SESSION_USER_KEY] = principal.username
+                lifetime = current_app.permanent_session_lifetime.total_seconds()
+                session[SESSION_ID_KEY] = start_session(get_registry(), principal.username, lifetime)
                 session.permanent = True
                 g.pop("rlreg_principal", None)
                 flash(f"Logged in as {principal.username}.", "success")
@@ -70,8 +74,9 @@ def login():
 @bp.post("/logout")
 def logout():
     # The global CSRF check has already validated the form's token.
-    user = session.get(SESSION_USER_KEY)
+    session_id = session.get(SESSION_ID_KEY)
     session.clear()
-    if user:
+    if isinstance(session_id, str) and session_id:
+        end_session(get_registry(), session_id)
         flash("Logged out.", "info")
     return redirect(url_for("ui.runs"))

@@ -9,7 +9,7 @@ from ..semantics import LAYERS
 from . import get_registry, queries
 from .curves import describe_semantics
 from .forms import DefinitionForm
-from .security import current_user, write_access_required
+from .security import admin_access_required, current_user
 
 bp = Blueprint("dictionary", __name__, url_prefix="/dictionary")
 
@@ -47,7 +47,7 @@ def definition(name: str):
 
 
 @bp.route("/<name>/edit", methods=["GET", "POST"])
-@write_access_required
+@admin_access_required
 def edit(name: str):
     """The edit form (login required); each save is a new version authored by the logged-in user."""
     reg = get_registry()

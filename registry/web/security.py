@@ -1,22 +1,34 @@
-"""Who is asking: session logins, bearer tokens, the write guard and the failed-login throttle.
+"""Who is asking: session logins, bearer tokens, the access guards and the failed-credential throttle.
 
-Every write view carries :func:`write_access_required`. It accepts
+Every view that changes data carries :func:`write_access_required` (runs, metrics, outcomes,
+status, uploads) or :func:`admin_access_required` (deleting runs, editing the dictionary and the
+baselines). They accept
 
-- ``Authorization: Bearer rlr_...`` (an API token from ``rlreg token create``): no CSRF token is
+- ``Authorization: Bearer rlr_...`` (an API token from ``rlreg token create``) whose scope
+  includes the one the view needs (``read`` < ``write`` < ``admin``; else 403): no CSRF token is
   needed, since a browser never attaches that header on its own; or
-- a session login (``/login``): then the request must also carry the CSRF token, as the
-  ``csrf_token`` form field or an ``X-CSRFToken`` header, whatever blueprint the view is in.
+- a session login (``/login``, acting with ``admin`` scope): then the request must also carry the
+  CSRF token, as the ``csrf_token`` form field or an ``X-CSRFToken`` header.
 
 Anything else gets 401: JSON with ``WWW-Authenticate: Bearer`` under ``/api/``, a redirect to the
 login page elsewhere. The acting user is :func:`current_user` (record it as the author).
 
 Reads are open unless ``REQUIRE_LOGIN_FOR_READS`` (``RLREG_REQUIRE_LOGIN_FOR_READS=1``); then
-:func:`require_login_for_reads`, installed as a ``before_request`` hook, asks the same of every
-page and API call except the login page and static files.
+:func:`require_login_for_reads`, installed as a ``before_request`` hook, asks any principal (a
+``read`` token will do) of every page and API call except the login page and static files.
 
-Failed logins and failed token checks are throttled per client address and per user name
-(:class:`FailureThrottle`, in memory: one process's count, reset on restart; a deployment with
-several worker processes has one throttle per process).
+Sessions live in the database (``registry.auth.start_session``): the signed cookie carries only a
+random session id, so logout, a password change and disabling a user end a session everywhere.
+
+Failed credentials (:class:`Throttles`, in memory, per process) never lock out a good one:
+
+- a bearer token is checked first, and a valid token is always accepted; a wrong one counts
+  against the client address and against that token, and past the limit the client's wrong
+  tokens are answered 429 with a growing ``Retry-After`` instead of 401;
+- a password attempt counts against the client address and against (user name, client address);
+  only that client backs off (1 s, doubling, up to ``LOGIN_MAX_BACKOFF_SECONDS``) and only once
+  it is past the limit, so the right password from another client is never refused because of
+  someone else's guesses.
 """
 from __future__ import annotations
 
@@ -30,11 +42,11 @@ from urllib.parse import urlsplit
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 from werkzeug.exceptions import HTTPException
 
-from ..auth import AuthError, Principal, authenticate_token
+from ..auth import AuthError, Principal, authenticate_token, session_principal
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-SESSION_USER_KEY = "user"
+SESSION_ID_KEY = "sid"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Endpoints that stay reachable without a login when reads need one.
 PUBLIC_ENDPOINTS = frozenset({"auth.login", "auth.logout", "static"})
@@ -53,14 +65,17 @@ class TooManyAttempts(HTTPException):
 
 
 class FailureThrottle:
-    """At most ``limit`` failures per key within ``window`` seconds (a sliding window).
+    """Failures per key within a sliding ``window``; past ``limit`` of them the key backs off.
 
+    The wait after the ``limit``-th failure is 1 s, doubling with every further failure up to
+    ``max_backoff``, counted from the last failure: a key is slowed down, never locked for good.
     Memory is bounded: at most ``max_keys`` keys are tracked, the least recently failed go first.
     """
 
-    def __init__(self, limit: int, window: float, max_keys: int = 10000):
+    def __init__(self, limit: int, window: float, max_backoff: float = 300.0, max_keys: int = 10000):
         self.limit = limit
         self.window = window
+        self.max_backoff = max_backoff
         self.max_keys = max_keys
         self._fails: OrderedDict[str, deque[float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -83,12 +98,9 @@ class FailureThrottle:
             times = self._prune(key, now)
             if times is None or len(times) < self.limit:
                 return 0
-            return max(1, int(times[0] + self.window - now + 0.999))
-
-    def check(self, keys: Iterable[str]) -> None:
-        wait = max((self.retry_after(k) for k in keys), default=0)
-        if wait:
-            raise TooManyAttempts(wait)
+            wait = min(self.max_backoff, 2.0 ** min(len(times) - self.limit, 30))
+            left = times[-1] + wait - now
+            return int(left + 0.999) if left > 0 else 0
 
     def fail(self, keys: Iterable[str]) -> None:
         now = time.monotonic()
@@ -96,6 +108,8 @@ class FailureThrottle:
             for key in keys:
                 times = self._prune(key, now) or deque()
                 times.append(now)
+                while len(times) > self.limit + 32:  # enough to reach any backoff; bounded memory
+                    times.popleft()
                 self._fails[key] = times
                 self._fails.move_to_end(key)
             while len(self._fails) > self.max_keys:
@@ -107,17 +121,24 @@ class FailureThrottle:
 
 
 class Throttles:
-    """Per-user and per-address failure windows behind one interface (keys ``user:...`` / ``ip:...``)."""
+    """Per-credential and per-client failure windows behind one interface.
 
-    def __init__(self, per_user: FailureThrottle, per_ip: FailureThrottle):
-        self.per_user = per_user
-        self.per_ip = per_ip
+    Keys: ``client:<address>`` (limit ``LOGIN_MAX_FAILURES_PER_CLIENT``), and
+    ``user:<name>|<address>`` or ``token:<hash prefix>`` (``LOGIN_MAX_FAILURES_PER_USER_AND_CLIENT``).
+    """
+
+    def __init__(self, per_credential: FailureThrottle, per_client: FailureThrottle):
+        self.per_credential = per_credential
+        self.per_client = per_client
 
     def _for(self, key: str) -> FailureThrottle:
-        return self.per_ip if key.startswith("ip:") else self.per_user
+        return self.per_client if key.startswith("client:") else self.per_credential
+
+    def retry_after(self, keys: Iterable[str]) -> int:
+        return max((self._for(k).retry_after(k) for k in keys), default=0)
 
     def check(self, keys: Iterable[str]) -> None:
-        wait = max((self._for(k).retry_after(k) for k in keys), default=0)
+        wait = self.retry_after(keys)
         if wait:
             raise TooManyAttempts(wait)
 
@@ -134,11 +155,19 @@ def throttle() -> Throttles:
 
 
 def client_keys(username: str | None = None) -> list[str]:
-    """Throttle keys of this request: the client address, and the user name tried (if any)."""
-    keys = [f"ip:{request.remote_addr or '?'}"]
+    """Throttle keys of a password attempt: the client address, and (user name, client address)."""
+    address = request.remote_addr or "?"
+    keys = [f"client:{address}"]
     if username:
-        keys.append(f"user:{username.strip().lower()}")
+        keys.append(f"user:{username.strip().lower()}|{address}")
     return keys
+
+
+def _token_keys(token: str) -> list[str]:
+    import hashlib
+
+    return [f"client:{request.remote_addr or '?'}",
+            "token:" + hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()[:16]]
 
 
 def _wants_json() -> bool:
@@ -157,34 +186,48 @@ def bearer_token() -> str | None:
 def current_principal() -> Principal | None:
     """The authenticated party of this request (token first, then session), or None.
 
-    A bearer header that does not check out raises :class:`~registry.auth.AuthError`
-    (answered 401); failures count against the client address in the throttle.
+    A bearer header that does not check out raises :class:`~registry.auth.AuthError` (answered
+    401), or :class:`TooManyAttempts` (429) once this client has sent too many wrong ones; a
+    valid token is checked first and always accepted.
     """
     if "rlreg_principal" in g:
         return g.rlreg_principal
+    from . import get_registry
+
     principal = None
     token = bearer_token()
     if token is not None:
-        keys = client_keys()
-        throttle().check(keys)
-        from . import get_registry
-
         try:
             principal = authenticate_token(get_registry(), token)
         except AuthError:
+            keys = _token_keys(token)
             throttle().fail(keys)
+            throttle().check(keys)
             raise
-    elif session.get(SESSION_USER_KEY):
-        principal = Principal(session[SESSION_USER_KEY], "session")
+    elif session.get(SESSION_ID_KEY):
+        principal = session_principal(get_registry(), session[SESSION_ID_KEY])
+        if principal is None:
+            session.clear()  # ended elsewhere (logout, password change, user disabled) or expired
     g.rlreg_principal = principal
     return principal
+
+
+def session_user() -> str | None:
+    """The user logged in through the web UI in this request (for the top bar), None otherwise."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        principal = current_principal()
+    except (AuthError, TooManyAttempts, SQLAlchemyError):  # an error page must still render
+        return None
+    return principal.username if principal is not None and principal.via == "session" else None
 
 
 def current_user() -> str | None:
     """The acting user's name (record it as author), None when nobody is logged in."""
     try:
         principal = current_principal()
-    except AuthError:
+    except (AuthError, TooManyAttempts):
         return None
     return principal.username if principal else None
 
@@ -198,47 +241,51 @@ def _unauthorized(message: str):  # noqa: ANN202
     return redirect(url_for("auth.login", next=request.full_path.rstrip("?") if request.query_string else request.path))
 
 
-def _session_user_is_active(username: str) -> bool:
-    from sqlalchemy import select
+def _forbidden(message: str):  # noqa: ANN202
+    if _wants_json():
+        response = jsonify({"error": message})
+        response.status_code = 403
+        return response
+    from werkzeug.exceptions import Forbidden
 
-    from ..models import User
-    from . import get_registry
-
-    with get_registry().read() as s:
-        user = s.scalar(select(User).where(User.username == username))
-        return user is not None and not user.disabled
+    raise Forbidden(message)
 
 
-def write_access_required(view: F) -> F:
-    """Decorator for every view that changes data: a bearer token, or a session login plus CSRF token.
+def access_required(scope: str) -> Callable[[F], F]:
+    """Decorator for a view that changes data: a bearer token whose scope includes ``scope``, or a
+    session login plus the CSRF token. The acting user is then ``current_user()``."""
 
-    The acting user is then ``current_user()`` / ``g.rlreg_principal``. Put it on the
-    baseline build/edit views too; it works in any blueprint, CSRF-exempt or not.
-    """
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                principal = current_principal()
+            except AuthError as exc:
+                return _unauthorized(str(exc))
+            if principal is None:
+                return _unauthorized("log in or send an API token (Authorization: Bearer <token>) to make changes")
+            if not principal.allows(scope):
+                return _forbidden(f"the API token {principal.token_name!r} has scope {principal.scope!r}; this "
+                                  f"needs {scope!r} (rlreg token create --scope {scope})")
+            if principal.via == "session":
+                if request.method not in SAFE_METHODS and current_app.config.get("WTF_CSRF_ENABLED", True):
+                    current_app.extensions["csrf"].protect()  # raises CSRFError -> 400
+            return view(*args, **kwargs)
 
-    @functools.wraps(view)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            principal = current_principal()
-        except AuthError as exc:
-            return _unauthorized(str(exc))
-        if principal is None:
-            return _unauthorized("log in or send an API token (Authorization: Bearer <token>) to make changes")
-        if principal.via == "session":
-            if not _session_user_is_active(principal.username):
-                session.clear()
-                g.rlreg_principal = None
-                return _unauthorized("your account is disabled or was removed; log in again")
-            if request.method not in SAFE_METHODS and current_app.config.get("WTF_CSRF_ENABLED", True):
-                current_app.extensions["csrf"].protect()  # raises CSRFError -> 400
-        return view(*args, **kwargs)
+        from . import csrf
 
-    from . import csrf
+        # The wrapper checks CSRF itself (only for session logins), so the global check skips it.
+        csrf.exempt(wrapper)
+        wrapper.write_access_required = True  # type: ignore[attr-defined]
+        wrapper.required_scope = scope  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
 
-    # The wrapper checks CSRF itself (only for session logins), so the global check skips it.
-    csrf.exempt(wrapper)
-    wrapper.write_access_required = True  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
+    return decorate
+
+
+write_access_required = access_required("write")
+write_access_required.__doc__ = "Runs, metrics, outcomes, status, uploads: a ``write`` token or a session login."
+admin_access_required = access_required("admin")
 
 
 def require_login_for_reads():  # noqa: ANN201 - a before_request hook
@@ -256,6 +303,7 @@ def require_login_for_reads():  # noqa: ANN201 - a before_request hook
         return _unauthorized(str(exc))
     if principal is None:
         return _unauthorized("log in or send an API token (Authorization: Bearer <token>) to read this registry")
+    # Any scope may read.
     return None
 
 
@@ -270,6 +318,6 @@ def safe_next(target: str | None) -> str | None:
 
 
 __all__ = [
-    "FailureThrottle", "TooManyAttempts", "current_principal", "current_user", "require_login_for_reads",
-    "safe_next", "write_access_required",
+    "FailureThrottle", "TooManyAttempts", "access_required", "admin_access_required", "current_principal",
+    "current_user", "require_login_for_reads", "safe_next", "session_user", "write_access_required",
 ]

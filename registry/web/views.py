@@ -16,14 +16,14 @@ from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, 
 from wtforms.validators import Length, Optional, ValidationError
 
 from ..dictionary import healthy_range_for
-from ..errors import FilterSyntaxError, InputError, NotFoundError
+from ..errors import FilterSyntaxError, InputError, LimitExceededError, NotFoundError
 from ..filters import ORDERABLE
 from ..health import findings_for_runs
 from ..models import RUN_STATUSES, VERDICTS
 from ..binding import binding_summary, provenance_caption, provenance_lines
 from ..semantics import LAYERS, QUANTITIES
 from . import get_registry, panels, queries
-from .security import write_access_required
+from .security import admin_access_required
 from .curves import (
     MAX_COMPARE_RUNS,
     NORMALIZATION_LABELS,
@@ -61,6 +61,9 @@ def _page_args() -> tuple[int, int]:
         size = max(1, min(MAX_PAGE_SIZE, int(request.args.get("size", default_size))))
     except ValueError:
         raise InputError("page and size must be whole numbers") from None
+    max_page = current_app.config["LIMITS"].max_page
+    if page > max_page:
+        raise LimitExceededError(f"page {str(page)[:30]} is beyond the last possible page ({max_page}, RLREG_MAX_PAGE)")
     return page, size
 
 
@@ -576,7 +579,7 @@ def baseline(task: str):
 
 
 @bp.post("/baselines/<path:task>/build")
-@write_access_required
+@admin_access_required
 def baseline_build(task: str):
     """Learn (or re-learn) the task's baseline from the ticked runs."""
     from ..health import build_task_baseline
@@ -598,7 +601,7 @@ def baseline_build(task: str):
 
 
 @bp.route("/baselines/<path:task>/metrics/<metric>/edit", methods=["GET", "POST"])
-@write_access_required
+@admin_access_required
 def baseline_edit(task: str, metric: str):
     """Tune one metric's early and mid bands (and its warning text) by hand."""
     from ..health import edit_baseline_metric, require_baseline

@@ -39,6 +39,7 @@ import re
 import shutil
 import stat
 import tarfile
+import time
 import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -48,13 +49,13 @@ import numpy as np
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from ..dictionary import get_definition, update_definition
-from ..errors import AlreadyRegisteredError, InputError
+from ..errors import AlreadyRegisteredError, InputError, LimitExceededError
 from ..importers import run_paths
 from ..models import IngestBatch, Run
 from ..series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
 from . import get_registry
 from .api import clean
-from .security import current_user, write_access_required
+from .security import admin_access_required, current_user, write_access_required
 
 bp = Blueprint("write_api", __name__, url_prefix="/api")
 
@@ -74,11 +75,17 @@ SINGLE_FILE_SUFFIXES = {".csv": ".csv", ".jsonl": ".jsonl", ".ndjson": ".jsonl",
 
 
 def _body(allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
-    data = request.get_json(silent=True)
+    limits = current_app.config["LIMITS"]
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # the parser's own recursion limit, far below any memory trouble
+        raise LimitExceededError(f"the request body is nested more than {limits.max_json_depth} levels deep "
+                                 "(RLREG_MAX_JSON_DEPTH)") from None
     if not isinstance(data, dict):
         raise InputError("the body must be a JSON object (Content-Type: application/json)")
+    limits.check_depth(data, "the request body")
     if _has_nul(data):
-        raise InputError("the body contains a NUL character")
+        raise InputError("the body contains a NUL character or a lone surrogate (\\ud800-\\udfff)")
     if allowed is not None:
         unknown = sorted(set(data) - set(allowed))
         if unknown:
@@ -87,12 +94,21 @@ def _body(allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
 
 
 def _has_nul(value: Any) -> bool:
+    """A NUL (PostgreSQL text cannot hold it) or a lone surrogate (no database can encode it)."""
     if isinstance(value, str):
-        return "\x00" in value
+        return "\x00" in value or _has_surrogate(value)
     if isinstance(value, dict):
         return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
     if isinstance(value, list):
         return any(_has_nul(v) for v in value)
+    return False
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 
@@ -217,6 +233,7 @@ def _check_key(key: str) -> None:
 def parse_points(points: Any) -> dict[str, SeriesData]:
     if not isinstance(points, dict) or not points:
         raise InputError("points must be a non-empty object {key: {\"steps\": [...], \"values\": [...]}}")
+    current_app.config["LIMITS"].check_keys(len(points))
     out = {}
     for key, series in points.items():
         _check_key(key)
@@ -322,7 +339,7 @@ def set_status(ref: str) -> Response:
 
 
 @bp.delete("/runs/<ref>")
-@write_access_required
+@admin_access_required
 def delete_run(ref: str) -> Response:
     run_id = get_registry().delete_run(ref)
     _audit("delete run", run_id)
@@ -333,7 +350,7 @@ def delete_run(ref: str) -> Response:
 
 
 @bp.patch("/definitions/<name>")
-@write_access_required
+@admin_access_required
 def edit_definition(name: str) -> Response:
     data = _body(("changes", "note"))
     changes = _opt_mapping(data, "changes")
@@ -373,13 +390,45 @@ def _create_file(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "wb")
 
 
-def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: list[int], what: str) -> None:
+def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: list[int], what: str,
+                  started: float | None = None) -> None:
+    """Copy with a byte budget (shared by all members) and a CPU-time budget for the decompression."""
+    limits = current_app.config["LIMITS"]
+    started = time.thread_time() if started is None else started
     while chunk := src.read(1 << 20):
         budget[0] -= len(chunk)
         if budget[0] < 0:
-            raise InputError(f"the archive unpacks to more than {current_app.config['MAX_UNPACKED_BYTES']} bytes",
-                             what)
+            raise LimitExceededError(f"the archive unpacks to more than {current_app.config['MAX_UNPACKED_BYTES']} "
+                                     "bytes (RLREG_MAX_UNPACKED_BYTES)", what, status=413)
+        if time.thread_time() - started > limits.max_decompress_seconds:
+            raise LimitExceededError(f"unpacking the archive takes more than {limits.max_decompress_seconds:g} s of "
+                                     "CPU time (RLREG_MAX_DECOMPRESS_SECONDS)", what)
         dst.write(chunk)
+
+
+def _decompressed_tar(archive: Path, shown: str) -> Path:
+    """A compressed tar (gzip, bzip2, xz) unpacked to a plain tar beside it, within the byte and CPU budgets.
+
+    tarfile would decompress the whole stream just to list the members, with no bound: a few KB of
+    bzip2 can take tens of seconds. A plain tar is returned as it is."""
+    import bz2
+    import gzip
+    import lzma
+
+    with open(archive, "rb") as f:
+        head = f.read(6)
+    opener = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ": lzma.open}
+    for magic, open_compressed in opener.items():
+        if head.startswith(magic):
+            break
+    else:
+        return archive
+    plain = archive.with_suffix(".tar")
+    budget = [int(current_app.config["MAX_UNPACKED_BYTES"]) + 1024 * int(current_app.config["MAX_ARCHIVE_MEMBERS"])]
+    with open_compressed(archive, "rb") as src, _create_file(plain) as dst:
+        _copy_limited(src, dst, budget, shown)
+    archive.unlink()
+    return plain
 
 
 def member_path(name: str, archive: str) -> PurePosixPath:
@@ -409,6 +458,7 @@ def _unpack(plan: list[tuple[Path, bool, int, Any]], tree: Path, shown: str) -> 
     if sum(size for _, is_dir, size, _ in plan if not is_dir) > limit:
         raise InputError(f"the archive unpacks to more than {limit} bytes", shown)
     budget = [limit]  # declared sizes can lie: the copy counts the bytes really written
+    started = time.thread_time()
     for rel, is_dir, _, opener in plan:
         target = _inside(tree, rel)
         if is_dir:
@@ -416,7 +466,7 @@ def _unpack(plan: list[tuple[Path, bool, int, Any]], tree: Path, shown: str) -> 
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         with opener() as src, _create_file(target) as dst:
-            _copy_limited(src, dst, budget, shown)
+            _copy_limited(src, dst, budget, shown, started)
 
 
 def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
@@ -439,7 +489,8 @@ def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
 
 def _extract_tar(archive: Path, tree: Path, shown: str) -> None:
     limit_members = int(current_app.config["MAX_ARCHIVE_MEMBERS"])
-    with tarfile.open(archive, mode="r:*") as tf:
+    archive = _decompressed_tar(archive, shown)
+    with tarfile.open(archive, mode="r:") as tf:
         members = []
         for m in tf:
             members.append(m)
@@ -459,6 +510,12 @@ def _tar_member(tf: tarfile.TarFile, member: tarfile.TarInfo, shown: str) -> Any
     if src is None:
         raise InputError(f"member {member.name[:80]!r} cannot be read", shown)
     return src
+
+
+def lzma_error() -> type[Exception]:
+    import lzma
+
+    return lzma.LZMAError
 
 
 def _archive_kind(path: Path) -> str | None:
@@ -489,8 +546,11 @@ def _form_json(name: str) -> dict[str, Any] | None:
         value = json.loads(raw)
     except ValueError as exc:
         raise InputError(f"{name} must be a JSON object: {exc}") from None
+    except RecursionError:
+        raise LimitExceededError(f"{name} is nested too deeply (RLREG_MAX_JSON_DEPTH)") from None
     if not isinstance(value, dict):
         raise InputError(f"{name} must be a JSON object")
+    current_app.config["LIMITS"].check_depth(value, name)
     if _has_nul(value):
         raise InputError(f"{name} contains a NUL character")
     return value
@@ -507,6 +567,8 @@ def _rewrite(exc: InputError, mapping: list[tuple[str, str]]) -> InputError:
             if source.startswith(stored + os.sep):
                 source = shown + ":" + source[len(stored) + 1:]
                 break
+    if isinstance(exc, LimitExceededError):
+        return LimitExceededError(exc.reason, source, exc.position, status=exc.status)
     return InputError(exc.reason, source, exc.position)
 
 
@@ -553,11 +615,12 @@ def upload() -> tuple[Response, int]:
             tree.mkdir()
             try:
                 (_extract_zip if kind == "zip" else _extract_tar)(raw, tree, shown)
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError, lzma_error()) as exc:
                 if isinstance(exc, InputError):
                     raise
                 raise InputError(f"not a readable {kind} archive: {exc}", shown) from None
-            raw.unlink()
+            raw.unlink(missing_ok=True)
+            raw.with_suffix(".tar").unlink(missing_ok=True)
             entries = list(tree.iterdir())
             source_path = entries[0] if len(entries) == 1 and entries[0].is_dir() else tree
             mapping = [(str(tree), shown)]
