@@ -1,0 +1,90 @@
+"""JSON for the interactive plots: one series over a step range at the plot's width, and a run's stamp.
+
+``GET /api/runs/<ref>/plot`` answers with an ETag from the run's ``data_version`` and the
+request, so a live page polling an unchanged run gets ``304 Not Modified`` before any point is
+read. ``GET /api/runs/<ref>/stamp`` is what a live page polls: the run's ``data_version``,
+status and last update, also with an ETag.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from sqlalchemy import func, select
+
+from ..dictionary import healthy_range_for
+from ..errors import InputError
+from ..jsonsafe import json_safe
+from ..models import Run, Series
+from . import get_registry, queries
+from .cache import digest
+from .curves import DEFAULT_WINDOW
+from .iplot import COUNTER_PREFIX, ViewRequest, counter_curve, view_data
+
+bp = Blueprint("plot_api", __name__, url_prefix="/api")
+
+# Bump when the body changes shape, so a browser's cached ETag is not taken for the new body.
+VIEW_VERSION = 1
+
+
+def _not_modified(tag: str) -> Response | None:
+    if request.if_none_match.contains(tag):
+        response = Response(status=304)
+        response.set_etag(tag)
+        return response
+    return None
+
+
+def _run_length(run_id: str) -> float:
+    """The last step over the run's series (fraction-of-training axis, as ``curves.run_length``)."""
+    with get_registry().read() as session:
+        last = session.scalar(select(func.max(Series.last_step)).where(Series.run_id == run_id))
+    return float(last) if last else 1.0
+
+
+@bp.get("/runs/<ref>/plot")
+def run_plot_view(ref: str) -> Response:
+    """One series of one run as an interactive plot draws it (see ``registry.web.iplot``)."""
+    key = request.args.get("key")
+    if not key:
+        raise InputError("query parameter 'key' is required")
+    view = ViewRequest.from_args(request.args)
+    reg = get_registry()
+    sref = current_app.extensions["rlregistry.refs"].get(ref, key) or queries.series_ref(reg, ref, key)
+    tag = digest(("plot-view", VIEW_VERSION, sref.run_id, sref.data_version, sref.key, sref.definition_name,
+                  sref.definition_version, sref.task, view.key()))
+    cached = _not_modified(tag)
+    if cached is not None:
+        return cached
+    definition = sref.definition(reg)
+    window = view.window or int((definition or {}).get("smoothing_window") or DEFAULT_WINDOW)
+    counter = None
+    if view.x_axis.startswith(COUNTER_PREFIX):
+        ckey = view.x_axis[len(COUNTER_PREFIX):]
+        counter = counter_curve(reg.read_series(sref.run_id, ckey), ckey)
+    data = reg.read_series(sref.run_id, sref.key)
+    body = view_data(data, sref.sign, view, window,
+                     run_length=_run_length(sref.run_id) if view.x_axis == "fraction" else 1.0, counter=counter)
+    low, high = healthy_range_for(definition, sref.task) if definition else (None, None)
+    body = {"run_id": sref.run_id, "run": sref.run_name, "key": sref.key, "definition": sref.definition_name,
+            "sign": sref.sign, "data_version": sref.data_version, "healthy": [low, high], **body}
+    response = jsonify(json_safe(body))
+    response.set_etag(tag)
+    response.headers["Cache-Control"] = "private, no-cache"
+    return response
+
+
+@bp.get("/runs/<ref>/stamp")
+def run_stamp(ref: str) -> Response:
+    """The run's data version, status and last update: what a live dashboard polls."""
+    reg = get_registry()
+    with reg.read() as session:
+        run = reg.resolve_run(session, ref)
+        body = {"run_id": run.id, "name": run.name, "status": run.status, "data_version": run.data_version,
+                "updated_at": run.updated_at.isoformat() if run.updated_at else None}
+    tag = digest(("stamp", body["run_id"], body["data_version"], body["status"], body["updated_at"]))
+    cached = _not_modified(tag)
+    if cached is not None:
+        return cached
+    response = jsonify(body)
+    response.set_etag(tag)
+    response.headers["Cache-Control"] = "private, no-cache"
+    return response
