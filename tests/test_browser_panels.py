@@ -52,7 +52,11 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     assert "KL spike" in card.find_element(By.CSS_SELECTOR, ".card-flag").text
     assert browser.execute_script(
         "const r = arguments[0].getBoundingClientRect(); return r.top >= -5 && r.top < window.innerHeight;", card)
-    wait(browser).until(lambda d: images_loaded(d, "#plot-kl_old_mean img.plot"))
+    wait(browser).until(lambda d: test_browser.plots_drawn(d, "#plot-kl_old_mean"))
+    # The finding's steps are shaded on the interactive plot.
+    assert browser.execute_script(
+        "return RLPlots.plots.filter(p => p.el.closest('#plot-kl_old_mean'))[0].gd.layout.shapes"
+        ".some(s => s.xref === 'x' && s.x1 > s.x0)")
 
     similar = browser.find_element(By.ID, "similar-panel")
     browser.execute_script("arguments[0].scrollIntoView()", similar)

@@ -7,7 +7,9 @@ status and last update, also with an ETag.
 """
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from datetime import datetime, timezone
+
+from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import func, select
 
 from ..dictionary import healthy_range_for
@@ -48,7 +50,8 @@ def run_plot_view(ref: str) -> Response:
         raise InputError("query parameter 'key' is required")
     view = ViewRequest.from_args(request.args)
     reg = get_registry()
-    sref = current_app.extensions["rlregistry.refs"].get(ref, key) or queries.series_ref(reg, ref, key)
+    # Not the dashboard's short-lived memo of series refs: a live page asks right after new points.
+    sref = queries.series_ref(reg, ref, key)
     tag = digest(("plot-view", VIEW_VERSION, sref.run_id, sref.data_version, sref.key, sref.definition_name,
                   sref.definition_version, sref.task, view.key()))
     cached = _not_modified(tag)
@@ -72,6 +75,13 @@ def run_plot_view(ref: str) -> Response:
     return response
 
 
+def _iso_utc(when: datetime | None) -> str | None:
+    """ISO 8601 with the zone (SQLite hands back naive datetimes; the registry writes UTC)."""
+    if when is None:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).isoformat()
+
+
 @bp.get("/runs/<ref>/stamp")
 def run_stamp(ref: str) -> Response:
     """The run's data version, status and last update: what a live dashboard polls."""
@@ -79,7 +89,7 @@ def run_stamp(ref: str) -> Response:
     with reg.read() as session:
         run = reg.resolve_run(session, ref)
         body = {"run_id": run.id, "name": run.name, "status": run.status, "data_version": run.data_version,
-                "updated_at": run.updated_at.isoformat() if run.updated_at else None}
+                "updated_at": _iso_utc(run.updated_at)}
     tag = digest(("stamp", body["run_id"], body["data_version"], body["status"], body["updated_at"]))
     cached = _not_modified(tag)
     if cached is not None:

@@ -65,7 +65,8 @@ def plotly_css(js: str) -> str:
             pos += 1
         else:
             break
-    return "\n".join(rules) + "\n"
+    # plotly inserts each rule at the top of its sheet, so earlier table entries win ties: reversed.
+    return "\n".join(reversed(rules)) + "\n"
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,6 +80,23 @@ def _css() -> tuple[bytes, str] | None:
 
 def plotly_available() -> bool:
     return plotly_js_path() is not None
+
+
+_STYLE_GUARD = re.compile(r'document\.getElementById\("([0-9a-f]{64})"\)\)\{var \w+=document\.createElement\("style"\)')
+
+
+@functools.lru_cache(maxsize=1)
+def inline_style_guards() -> tuple[str, ...]:
+    """Ids whose presence stops the bundle from injecting a ``<style>`` element at load time.
+
+    The bundle carries the maplibre stylesheet (map traces, unused here) and inserts it once,
+    unless an element with its id exists; the page puts an inert ``<template>`` under each such
+    id, so the CSP has nothing to refuse.
+    """
+    bundle = _bundle()
+    if bundle is None:
+        return ()
+    return tuple(dict.fromkeys(_STYLE_GUARD.findall(bundle[0].decode("utf-8", "replace"))))
 
 
 def _serve(item: tuple[bytes, str] | None, mimetype: str) -> Response:
