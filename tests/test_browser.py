@@ -164,7 +164,11 @@ def test_select_two_runs_with_different_kl_estimators_and_see_the_warning(site, 
     warning = card.find_element(By.CSS_SELECTOR, ".semantic-warning")
     assert warning.is_displayed() and re.search(r"k3 vs k1|k1 vs k3", warning.text)
     browser.execute_script("arguments[0].scrollIntoView()", card)
-    wait(browser).until(lambda d: images_loaded(d, "figure[data-metric='kl_old_mean'] img.plot"))
+    wait(browser).until(lambda d: plots_drawn(d, "figure[data-metric='kl_old_mean']"))
+    # The overlay draws both estimators' runs, each a legend entry with its semantic group named.
+    labels = browser.execute_script(
+        "return RLPlots.byKey('kl_old_mean').gd.data.filter(t => t.showlegend !== false).map(t => t.name)")
+    assert len(labels) == 2 and any("k1" in x for x in labels) and any("k3" in x for x in labels), labels
     diff = browser.find_element(By.ID, "hparam-diff").text
     assert "learning_rate" in diff and "gamma" not in diff.split("identical")[0]
     no_console_errors(browser)

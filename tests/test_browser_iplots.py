@@ -41,11 +41,14 @@ def iplot_site(tmp_path_factory):
         "critic/score/mean": (np.arange(1, 501), score),
         "charts/episodic_return": (ep_steps, rng.normal(100, 10, ep_steps.size)),
     }, framework="verl", algorithm="GRPO", project="p", task="gsm8k")
+    other = reg.register_arrays("other-run", {
+        "critic/score/mean": (np.arange(1, 401), np.linspace(0.2, 0.5, 400) + rng.normal(0, 0.05, 400)),
+    }, framework="verl", algorithm="GRPO", project="p", task="gsm8k", params={"learning_rate": 1e-6})
     live = reg.create_run("live-run", project="p", framework="verl", algorithm="GRPO")
     reg.append(live.id, {"critic/score/mean": SeriesData(np.arange(1, 51), np.linspace(0, 0.5, 50))})
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "browser-test", "LIVE_POLL_MS": 300})
     with serve(app) as url:
-        yield url, reg, {"long": long_run.run_id, "live": live.id, "score": score}
+        yield url, reg, {"long": long_run.run_id, "live": live.id, "score": score, "other": other.run_id}
     reg.close()
 
 
@@ -192,4 +195,40 @@ def test_running_run_extends_by_itself(iplot_site, browser):
         "return RLPlots.byKey(arguments[0]).el.dataset.lastStep", key) == "80")
     assert "ago" in browser.find_element(By.ID, "live-updated").text
     shot(browser, "iplot-live")
+    no_console_errors(browser)
+
+
+def test_compare_overlay_hover_names_every_run_and_zoom_refetches(iplot_site, browser):
+    base, _, ids = iplot_site
+    browser.get(f"{base}/compare?run={ids['long']}&run={ids['other']}")
+    key = "reward_sequence_mean"
+    browser.execute_script("RLPlots.byKey(arguments[0]).el.scrollIntoView({block: 'center'})", key)
+    wait(browser).until(lambda d: plot_ready(d, key))
+    names = browser.execute_script(
+        "return RLPlots.byKey(arguments[0]).gd.data.filter(t => t.showlegend !== false).map(t => t.name)", key)
+    assert sorted(names) == ["long-run", "other-run"]
+    el = browser.execute_script("return RLPlots.byKey(arguments[0]).gd", key)
+    dx, dy = pixel_of(browser, key, 200)
+    ActionChains(browser).move_to_element_with_offset(el, dx, dy).perform()
+    wait(browser).until(lambda d: d.execute_script(
+        "return RLPlots.byKey(arguments[0]).gd.querySelectorAll('.hoverlayer .legend text, .hoverlayer text')"
+        ".length > 0", key))
+    text = browser.execute_script(
+        "return Array.from(RLPlots.byKey(arguments[0]).gd.querySelectorAll('.hoverlayer text'))"
+        ".map(t => t.textContent).join(' | ')", key)
+    assert "long-run" in text and "other-run" in text, text
+    before = browser.execute_script("return RLPlots.byKey(arguments[0]).fetches", key)
+    x0, y0 = pixel_of(browser, key, 100, 0.1)
+    x1, _ = pixel_of(browser, key, 150, 0.1)
+    ActionChains(browser).move_to_element_with_offset(el, x0, y0).click_and_hold() \
+        .move_by_offset((x1 - x0) // 2, 0).move_by_offset((x1 - x0) - (x1 - x0) // 2, 0).release().perform()
+    wait(browser).until(lambda d: d.execute_script(
+        "const p = RLPlots.byKey(arguments[0]); return p.zoomed && p.shown === p.zoomed;", key))
+    zoomed = browser.execute_script("return RLPlots.byKey(arguments[0]).zoomed", key)
+    lo, hi = zoomed["x_range"]
+    assert 95 < lo < 105 and 145 < hi < 155
+    assert browser.execute_script("return RLPlots.byKey(arguments[0]).fetches", key) > before
+    for trace in zoomed["traces"]:
+        assert all(lo <= x <= hi for x in trace["smooth_x"])
+    shot(browser, "iplot-compare")
     no_console_errors(browser)

@@ -32,6 +32,8 @@ def site(tmp_path_factory, openapi):
         "charts/episodic_return": SeriesData(ep_steps, ep_vals),
         "custom/bumpy_num_steps": SeriesData(np.arange(1, 101, dtype=np.int64), bumpy),
     }, framework="verl", algorithm="GRPO", project="p", task="gsm8k")
+    other = reg.register_arrays("other-run", {"actor/kl_loss": SeriesData(steps[:50_000], kl[:50_000] * 2)},
+                                framework="verl", algorithm="GRPO", project="p", task="gsm8k")
     client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
 
     def get(url: str, status: int = 200, headers=None, **query):
@@ -41,7 +43,7 @@ def site(tmp_path_factory, openapi):
             check_response(openapi, response, url.split("?")[0], query_string=query or None)
         return response
 
-    yield get, res.run_id, reg, dict(kl=kl, steps=steps, tokens=tokens, ep_steps=ep_steps, ep_vals=ep_vals)
+    yield get, res.run_id, reg, dict(other=other.run_id, kl=kl, steps=steps, tokens=tokens, ep_steps=ep_steps, ep_vals=ep_vals)
     reg.close()
 
 
@@ -162,3 +164,22 @@ def test_plotly_is_served_locally_with_its_stylesheet(site):
     css = get("/static/vendor/plotly.css").get_data(as_text=True)
     assert ".js-plotly-plot .plotly .main-svg{position:absolute;" in css
     assert "X" not in css.replace("translateX", "").replace("overflow-x", "")
+
+
+def test_compare_overlay_traces_and_a_zoomed_range(site):
+    get, run_id, reg, d = site
+    q = {"run": [run_id, d["other"]], "metric": "kl_ref_mean", "group": "0", "points": 800}
+    whole = get("/api/compare/plot", **q).get_json()
+    assert sorted(t["label"] for t in whole["traces"]) == ["long-run", "other-run"] and whole["x_range"] is None
+    zoomed = get("/api/compare/plot", x_from=120_000, x_to=130_000, **q).get_json()
+    long_run = next(t for t in zoomed["traces"] if t["label"] == "long-run")
+    assert min(long_run["raw_x"]) >= 120_000 and max(long_run["raw_x"]) <= 130_000
+    assert SPIKE_AT in long_run["raw_x"]
+    other = next(t for t in zoomed["traces"] if t["label"] == "other-run")
+    assert other["raw_x"] == []  # that run ended at step 50,000
+    # The smoothed line is the whole series' smoothing, cut to the range (not restarted at its edge).
+    window = int(reg.definitions_by_name()["kl_ref_mean"]["smoothing_window"])
+    full = smoothing.smooth(d["kl"], "ema", window)
+    xs = np.asarray(long_run["smooth_x"], dtype=np.int64)
+    assert long_run["smooth_y"] == pytest.approx(full[xs - 1].tolist(), rel=1e-9)
+    assert "x_from" in get("/api/compare/plot", 400, x_from=5, **q).get_json()["error"]

@@ -41,8 +41,12 @@
     });
   }
 
+  function overlayUrl(p, range) {
+    return p.api + "&" + qs({points: 2 * plotWidth(p), x_from: range ? range[0] : null, x_to: range ? range[1] : null});
+  }
+
   function fetchView(p, range) {
-    var url = viewUrl(p, range);
+    var url = p.kind === "overlay" ? overlayUrl(p, range) : viewUrl(p, range);
     var headers = {};
     if (p.etags[url]) headers["If-None-Match"] = p.etags[url];
     p.fetches += 1;
@@ -157,7 +161,7 @@
               spikesnap: "cursor", spikethickness: 1, spikecolor: "#888", spikedash: "dot", zeroline: false},
       yaxis: {title: {text: p.unit, font: {size: 12}}, type: settings.logy ? "log" : "linear", zeroline: false},
       yaxis2: {overlaying: "y", range: [0, 1], visible: false, fixedrange: true},
-      shapes: shapes(p, body), font: {family: "system-ui, sans-serif", size: 11},
+      shapes: p.kind === "overlay" ? [] : shapes(p, body), font: {family: "system-ui, sans-serif", size: 11},
       paper_bgcolor: "#fff", plot_bgcolor: "#fff"
     };
   }
@@ -165,7 +169,61 @@
   var CONFIG = {displaylogo: false, responsive: true, doubleClick: "reset",
                 modeBarButtonsToRemove: ["lasso2d", "select2d", "toImage"]};
 
+  function rgba(hex, alpha) {
+    var n = parseInt(hex.slice(1), 16);
+    return "rgba(" + ((n >> 16) & 255) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
+  }
+
+  // A comparison: per run a light raw curve and its smoothed line, per seed group a mean and band.
+  function overlayTraces(body) {
+    var out = [];
+    body.traces.forEach(function (t) {
+      var dash = t.dash ? "dash" : "solid";
+      if (t.band_x) {
+        out.push({x: t.band_x, y: t.band_low, type: "scatter", mode: "lines", line: {width: 0}, showlegend: false,
+                  legendgroup: t.label, hoverinfo: "skip"});
+        out.push({x: t.band_x, y: t.band_high, type: "scatter", mode: "lines", line: {width: 0}, fill: "tonexty",
+                  fillcolor: rgba(t.color, 0.18), showlegend: false, legendgroup: t.label, hoverinfo: "skip"});
+      }
+      if (t.raw_x) {
+        out.push({x: t.raw_x, y: t.raw_y, type: "scatter", mode: t.raw_markers ? "markers" : "lines",
+                  line: {color: rgba(t.color, 0.3), width: 1}, marker: {color: rgba(t.color, 0.35), size: 3},
+                  showlegend: false, legendgroup: t.label, hoverinfo: "skip"});
+      }
+      if (t.smooth_x) {
+        out.push({x: t.smooth_x, y: t.smooth_y, type: "scatter", mode: "lines", name: t.label, legendgroup: t.label,
+                  line: {color: t.color, width: 2, dash: dash}, hovertemplate: "%{y:.6g}<extra>" + t.label.replace(/</g, "&lt;") + "</extra>"});
+      }
+    });
+    return out;
+  }
+
+  function drawOverlay(p, body) {
+    p.shown = body;
+    var lay = layout(p, {x_title: body.xlabel, line: {values: []}});
+    lay.hovermode = "x unified";
+    if (body.normalized) lay.yaxis.title.text = "normalized";
+    lay.height = 400;
+    delete lay.yaxis2;
+    var low = body.healthy[0], high = body.healthy[1];
+    lay.shapes = [];
+    if (low !== null && high !== null) {
+      lay.shapes.push({type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: low, y1: high, layer: "below",
+                       line: {width: 0}, fillcolor: COLORS.band});
+    }
+    if (p.range !== null && p.gd.layout && p.gd.layout.xaxis) {
+      lay.xaxis.range = p.gd.layout.xaxis.range;
+      lay.xaxis.autorange = false;
+    }
+    return Plotly.react(p.gd, overlayTraces(body), lay, CONFIG).then(function () {
+      p.el.dataset.state = "ready";
+      var note = p.figure.querySelector(".iplot-note");
+      if (note) note.textContent = body.notes.concat(p.range !== null ? ["zoomed: double-click to reset"] : []).join(" · ");
+    });
+  }
+
   function draw(p, body) {
+    if (p.kind === "overlay") return drawOverlay(p, body);
     p.shown = body;
     var zoomed = p.range !== null;
     var lay = layout(p, body);
@@ -205,6 +263,7 @@
 
   // Step range of an x range (x is monotone in step on every axis offered).
   function stepRange(p, r0, r1) {
+    if (p.kind === "overlay") return [r0, r1];
     var line = (p.full || p.shown).line;
     if (!line.x) return [Math.floor(r0), Math.ceil(r1)];
     return [Math.floor(interp(r0, line.x, line.steps)), Math.ceil(interp(r1, line.x, line.steps))];
@@ -234,6 +293,13 @@
     if (syncing || !ev.points || !ev.points.length) return;
     var pt = ev.points[0];
     var step = pt.customdata ? pt.customdata[0] : pt.x;
+    if (p.kind === "overlay") {
+      syncing = true;
+      try {
+        plots.forEach(function (q) { if (q !== p && q.shown && q.gd._fullLayout) Plotly.Fx.hover(q.gd, {xval: pt.x}, "xy"); });
+      } finally { syncing = false; }
+      return;
+    }
     syncing = true;
     try {
       plots.forEach(function (q) {
@@ -364,7 +430,8 @@
     document.body.classList.add("iplots-on");
     initControls();
     Array.prototype.forEach.call(els, function (el) {
-      var p = {el: el, figure: el.closest("figure") || el.parentNode, api: el.dataset.api, key: el.dataset.key,
+      var p = {el: el, kind: el.classList.contains("iplot-overlay") ? "overlay" : "series",
+               figure: el.closest(".compare-image") || el.closest("figure") || el.parentNode, api: el.dataset.api, key: el.dataset.key,
                window: parseInt(el.dataset.window || "10", 10), count: parseInt(el.dataset.count || "0", 10), unit: el.dataset.unit || "",
                healthy: JSON.parse(el.dataset.healthy || "[null, null]"), spans: JSON.parse(el.dataset.spans || "[]"),
                range: null, full: null, zoomed: null, shown: null, etags: {}, bodies: {}, fetches: 0, loading: null};

@@ -98,3 +98,63 @@ def run_stamp(ref: str) -> Response:
     response.set_etag(tag)
     response.headers["Cache-Control"] = "private, no-cache"
     return response
+
+
+# --- comparisons -------------------------------------------------------------------
+
+
+def _array(values) -> list | None:  # noqa: ANN001 - numpy array or None
+    if values is None:
+        return None
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    return [v if v == v and abs(v) != float("inf") else None for v in arr.tolist()]
+
+
+@bp.get("/compare/plot")
+def compare_plot_view() -> Response:
+    """The overlay of one metric over several runs as JSON traces (what the compare page's PNG draws).
+
+    Same parameters as ``/plots/compare``, plus ``x_from``/``x_to`` (in the x-axis' units: steps,
+    or fractions) for a zoomed view, and ``points`` (the plot's width) for the reduction.
+    """
+    from .curves import build_units, compare_metrics, overlay_spec
+    from .iplot import step_arg
+    from .plots import _compare_key, _compare_request
+
+    ids, metric, normalized, copts, sopts = _compare_request()
+    lo, hi = step_arg(request.args, "x_from"), step_arg(request.args, "x_to")
+    if (lo is None) != (hi is None) or (lo is not None and hi < lo):
+        raise InputError("give both x_from and x_to, with x_from <= x_to")
+    x_range = None if lo is None else (lo, hi)
+    tag = digest(_compare_key(ids, metric, normalized, copts, sopts, "compare-view") + (VIEW_VERSION, x_range))
+    cached = _not_modified(tag)
+    if cached is not None:
+        return cached
+    reg = get_registry()
+    details = list({d["id"]: d for d in (reg.run_detail(r) for r in ids)}.values())
+    defs = queries.definition_summaries(reg, [metric])
+    comps = [c for c in compare_metrics(details, defs) if c.name == metric]
+    if not comps:
+        from ..errors import NotFoundError
+
+        raise NotFoundError(f"none of the selected runs has the metric {metric!r}")
+    comp = comps[0]
+    units = build_units(details, copts.group)
+    data = {m.run["id"]: reg.read_series(m.run["id"], m.series["key"]) for m in comp.members}
+    spec, _ = overlay_spec(comp, data, units, copts, sopts,
+                           normalized=normalized, x_range=x_range)
+    body = {
+        "metric": metric, "normalized": normalized, "xlabel": spec.xlabel, "unit": (comp.definition or {}).get("unit"),
+        "healthy": list(spec.healthy) if spec.healthy else [None, None], "notes": spec.notes,
+        "warnings": spec.warnings, "x_range": list(x_range) if x_range else None,
+        "traces": [{"label": t.label, "color": t.color, "dash": not isinstance(t.linestyle, str) or t.linestyle != "-",
+                    "raw_markers": t.raw_markers, "raw_x": _array(t.raw_x), "raw_y": _array(t.raw_y),
+                    "smooth_x": _array(t.smooth_x), "smooth_y": _array(t.smooth_y), "band_x": _array(t.band_x),
+                    "band_low": _array(t.band_low), "band_high": _array(t.band_high)} for t in spec.traces],
+    }
+    response = jsonify(body)
+    response.set_etag(tag)
+    response.headers["Cache-Control"] = "private, no-cache"
+    return response

@@ -396,6 +396,7 @@ def compare():
     for comp in comps:
         params = {**base, "metric": comp.name}
         plots = [{"label": "as logged", "img": url_for("plots.compare_plot") + "?" + _q(params),
+                  "api": url_for("plot_api.compare_plot_view") + "?" + _q(params),
                   "svg": url_for("plots.compare_plot") + "?" + _q({**params, "format": "svg"}),
                   "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(params),
                   "json": url_for("plots.compare_data", fmt="json") + "?" + _q(params)}]
@@ -403,6 +404,7 @@ def compare():
             nparams = {**params, "normalized": "1"}
             plots.append({"label": f"normalized ({NORMALIZATION_LABELS[copts.norm]})",
                           "img": url_for("plots.compare_plot") + "?" + _q(nparams),
+                          "api": url_for("plot_api.compare_plot_view") + "?" + _q(nparams),
                           "svg": url_for("plots.compare_plot") + "?" + _q({**nparams, "format": "svg"}),
                           "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(nparams),
                           "json": url_for("plots.compare_data", fmt="json") + "?" + _q(nparams)})
@@ -416,8 +418,18 @@ def compare():
     return render_template(
         "compare.html", runs=details, units=units, unit_of=unit_of, sections=sections, copts=copts, sopts=sopts,
         diff_rows=diff_rows, same_keys=same_keys, warnings=warnings, methods=METHOD_LABELS,
-        normalizations=NORMALIZATION_LABELS, run_ids=run_ids,
+        normalizations=NORMALIZATION_LABELS, run_ids=run_ids, interactive=compare_interactive(),
     )
+
+
+def compare_interactive() -> dict[str, Any] | None:
+    """The compare page's plots drawn by plotly (``?plots=static``: the PNGs only)."""
+    from .vendor import inline_style_guards, plotly_available
+
+    if request.args.get("plots") == "static" or not plotly_available():
+        return None
+    return {"style_guards": inline_style_guards(),
+            "static_url": url_for("ui.compare") + "?" + _q({**request.args.to_dict(flat=False), "plots": "static"})}
 
 
 # --- health baselines --------------------------------------------------------------------
