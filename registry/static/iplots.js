@@ -30,13 +30,14 @@
     return Math.max(100, Math.min(4000, Math.round(w)));
   }
 
-  // Series up to this many points come whole, so the browser smooths them exactly as the server does.
-  var WHOLE_UP_TO = 5000;
+  // Series up to this many points come whole (about three plot widths), so the browser smooths them
+  // exactly as the server does; longer ones come reduced to the plot's width.
+  var WHOLE_UP_TO = 2000;
 
   function viewUrl(p, range) {
     var whole = p.count > 0 && p.count <= WHOLE_UP_TO;
     return p.api + "?" + qs({
-      key: p.key, points: whole ? Math.max(10, p.count) : plotWidth(p), smooth: settings.method, window: settings.window || p.window,
+      key: p.key, points: whole ? WHOLE_UP_TO : plotWidth(p), smooth: settings.method, window: settings.window || p.window,
       x: settings.x, from_step: range ? range[0] : null, to_step: range ? range[1] : null
     });
   }
@@ -166,8 +167,9 @@
     };
   }
 
-  var CONFIG = {displaylogo: false, responsive: true, doubleClick: "reset",
-                modeBarButtonsToRemove: ["lasso2d", "select2d", "toImage"]};
+  // No mode bar: drag zooms, double-click resets (said beside the controls), and the bar would sit
+  // on the legend of a narrow card.
+  var CONFIG = {displaylogo: false, responsive: true, doubleClick: "reset", displayModeBar: false};
 
   function rgba(hex, alpha) {
     var n = parseInt(hex.slice(1), 16);
