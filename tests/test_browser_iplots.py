@@ -194,6 +194,9 @@ def test_running_run_extends_by_itself(iplot_site, browser):
     wait(browser).until(lambda d: d.execute_script(
         "return RLPlots.byKey(arguments[0]).el.dataset.lastStep", key) == "80")
     assert "ago" in browser.find_element(By.ID, "live-updated").text
+    value = browser.execute_script(
+        "return RLPlots.byKey(arguments[0]).figure.querySelector('.plot-value .value').textContent", key)
+    assert value == "0.8"  # the card's last value follows
     shot(browser, "iplot-live")
     no_console_errors(browser)
 

@@ -238,6 +238,11 @@
       p.el.dataset.returned = String(body.returned);
       p.el.dataset.downsampled = body.downsampled ? "1" : "0";
       p.el.dataset.lastStep = String(body.last_step);
+      if (p.live) {
+        // A live run: the card's last value and point count follow the plot.
+        var vals = body.line.values, value = p.figure.querySelector(".plot-value .value");
+        if (value && vals.length && body.to_step === null) value.textContent = fmt(vals[vals.length - 1]);
+      }
       var note = p.figure.querySelector(".iplot-note");
       if (note) {
         note.textContent = (body.downsampled ? "showing " + body.returned.toLocaleString() + " of " +
@@ -409,6 +414,7 @@
           if (String(stamp.data_version) !== String(version)) {
             version = stamp.data_version;
             box.dataset.version = String(version);
+            plots.forEach(function (p) { p.live = true; });
             redrawAll(true);
           }
           if (stamp.status !== "running") {
