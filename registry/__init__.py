@@ -8,8 +8,33 @@ The Python API starts at :func:`open_registry`::
         for step in range(...):
             run.log(step, {"rollout/ep_rew_mean": ..., "train/approx_kl": ...})
 """
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import RegistryError
-from .series import SeriesData
-from .store import Registry, RegistrationResult, RunHandle, open_registry
+
+if TYPE_CHECKING:
+    from .series import SeriesData
+    from .store import Registry, RegistrationResult, RunHandle, open_registry
 
 __all__ = ["Registry", "RegistrationResult", "RegistryError", "RunHandle", "SeriesData", "open_registry"]
+
+# Imported on first use: the store pulls in SQLAlchemy and Alembic (~0.5 s), which `rlreg --help`
+# and every other command that never opens a registry should not pay for.
+_LAZY = {"SeriesData": ".series", "Registry": ".store", "RegistrationResult": ".store", "RunHandle": ".store",
+         "open_registry": ".store"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'registry' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

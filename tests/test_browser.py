@@ -90,6 +90,15 @@ def images_loaded(driver, selector: str) -> bool:
         "return imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0);", selector)
 
 
+def plots_drawn(driver, scope: str) -> bool:
+    """Every plot under ``scope`` drawn: interactive plots ready (or their PNGs loaded, on static pages)."""
+    return driver.execute_script(
+        "const ip = Array.from(document.querySelectorAll(arguments[0] + ' .iplot'));"
+        "if (ip.length) return ip.every(e => e.dataset.state === 'ready');"
+        "const imgs = Array.from(document.querySelectorAll(arguments[0] + ' img.plot'));"
+        "return imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0);", scope)
+
+
 def no_console_errors(driver) -> None:
     errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors  # CSP violations and failed loads show up here
@@ -119,12 +128,20 @@ def test_filter_open_run_and_see_three_layers(site, browser):
         assert browser.find_element(By.ID, layer)
     diagnostic = browser.find_element(By.ID, "layer-diagnostic")
     assert diagnostic.tag_name == "details" and diagnostic.get_attribute("open") is None
-    wait(browser).until(lambda d: images_loaded(d, "#layer-objective img.plot, #layer-constraint img.plot"))
-    constraint_plots = browser.find_elements(By.CSS_SELECTOR, "#layer-constraint img.plot")
+    for layer in ("#layer-objective", "#layer-constraint"):
+        for plot in browser.find_elements(By.CSS_SELECTOR, f"{layer} .iplot"):
+            browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
+        wait(browser).until(lambda d, scope=layer: plots_drawn(d, scope))
+    constraint_plots = browser.find_elements(By.CSS_SELECTOR, "#layer-constraint .iplot")
     assert len(constraint_plots) >= 4
-    # The folded diagnostic layer loads its plots when opened.
+    # The folded diagnostic layer draws its plots when opened.
     diagnostic.find_element(By.TAG_NAME, "summary").click()
-    wait(browser).until(lambda d: images_loaded(d, "#layer-diagnostic img.plot"))
+    for plot in browser.find_elements(By.CSS_SELECTOR, "#layer-diagnostic .iplot"):
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
+    wait(browser).until(lambda d: plots_drawn(d, "#layer-diagnostic"))
+    # Without JavaScript's plots (?plots=static) the dashboard is PNG images.
+    browser.get(browser.current_url.split("#")[0] + "?plots=static")
+    wait(browser).until(lambda d: images_loaded(d, "#layer-objective img.plot, #layer-constraint img.plot"))
     link = browser.find_element(By.CSS_SELECTOR, "#layer-constraint a.plot-title")
     assert link.get_attribute("href").startswith(base + "/dictionary/")
     caption = browser.find_element(By.CSS_SELECTOR, "#layer-constraint figcaption")
@@ -147,7 +164,11 @@ def test_select_two_runs_with_different_kl_estimators_and_see_the_warning(site, 
     warning = card.find_element(By.CSS_SELECTOR, ".semantic-warning")
     assert warning.is_displayed() and re.search(r"k3 vs k1|k1 vs k3", warning.text)
     browser.execute_script("arguments[0].scrollIntoView()", card)
-    wait(browser).until(lambda d: images_loaded(d, "figure[data-metric='kl_old_mean'] img.plot"))
+    wait(browser).until(lambda d: plots_drawn(d, "figure[data-metric='kl_old_mean']"))
+    # The overlay draws both estimators' runs, each a legend entry with its semantic group named.
+    labels = browser.execute_script(
+        "return RLPlots.byKey('kl_old_mean').gd.data.filter(t => t.showlegend !== false).map(t => t.name)")
+    assert len(labels) == 2 and any("k1" in x for x in labels) and any("k3" in x for x in labels), labels
     diff = browser.find_element(By.ID, "hparam-diff").text
     assert "learning_rate" in diff and "gamma" not in diff.split("identical")[0]
     no_console_errors(browser)

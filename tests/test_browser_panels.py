@@ -52,7 +52,11 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     assert "KL spike" in card.find_element(By.CSS_SELECTOR, ".card-flag").text
     assert browser.execute_script(
         "const r = arguments[0].getBoundingClientRect(); return r.top >= -5 && r.top < window.innerHeight;", card)
-    wait(browser).until(lambda d: images_loaded(d, "#plot-kl_old_mean img.plot"))
+    wait(browser).until(lambda d: test_browser.plots_drawn(d, "#plot-kl_old_mean"))
+    # The finding's steps are shaded on the interactive plot.
+    assert browser.execute_script(
+        "return RLPlots.plots.filter(p => p.el.closest('#plot-kl_old_mean'))[0].gd.layout.shapes"
+        ".some(s => s.xref === 'x' && s.x1 > s.x0)")
 
     similar = browser.find_element(By.ID, "similar-panel")
     browser.execute_script("arguments[0].scrollIntoView()", similar)
@@ -63,8 +67,10 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     assert "nearest runs" in similar.find_element(By.ID, "similar-summary").text
     excluded = similar.find_element(By.ID, "similar-excluded").text
     assert "Not compared on kl_old_mean (KL estimator: k3 vs k1)" in excluded and "cleanrl-cartpole" in excluded
-    wait(browser).until(lambda d: images_loaded(d, "#similar-overlay img.overlay"))
-    assert browser.execute_script("return document.querySelector('#similar-overlay img').naturalWidth") > 0
+    wait(browser).until(lambda d: test_browser.plots_drawn(d, "#similar-overlay"))
+    # Interactive: this run and its neighbours, each a legend entry.
+    assert browser.execute_script(
+        "return RLPlots.byKey('similar-overlay').gd.data.filter(t => t.showlegend !== false).length") >= 5
 
     # The panel's form: three neighbours of the same task over the first half of training.
     k = similar.find_element(By.NAME, "sim_k")
@@ -77,7 +83,8 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     rows = browser.find_elements(By.CSS_SELECTOR, "#neighbours tbody tr")
     assert len(rows) == 3
     assert "pendulum_default_s0" not in browser.find_element(By.ID, "neighbours").text
-    wait(browser).until(lambda d: images_loaded(d, "#similar-overlay img.overlay"))
+    browser.execute_script("document.getElementById('similar-overlay').scrollIntoView()")
+    wait(browser).until(lambda d: test_browser.plots_drawn(d, "#similar-overlay"))
 
     # Where else did the middle of this run happen? A window matched anywhere in the others.
     similar = browser.find_element(By.ID, "similar-panel")
@@ -91,9 +98,10 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     assert len(cells) == 3 and all(c.text.startswith("steps ") for c in cells)
     assert browser.find_element(By.NAME, "sim_anywhere").is_selected()
     # the overlay draws each run over its matched window
-    wait(browser).until(lambda d: images_loaded(d, "#similar-overlay img.overlay"))
-    overlay = browser.find_element(By.CSS_SELECTOR, "#similar-overlay img.overlay")
-    assert overlay.get_attribute("src").count("win=") == 4 and overlay.get_property("naturalWidth") > 0
+    browser.execute_script("document.getElementById('similar-overlay').scrollIntoView()")
+    wait(browser).until(lambda d: test_browser.plots_drawn(d, "#similar-overlay"))
+    overlay = browser.find_element(By.CSS_SELECTOR, "#similar-overlay .iplot")
+    assert overlay.get_attribute("data-api").count("win=") == 4
     assert "fraction of the matched window" in browser.find_element(By.ID, "similar-overlay").text
     no_console_errors(browser)
 

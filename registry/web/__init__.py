@@ -116,12 +116,15 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
             response.headers.setdefault("Content-Security-Policy", csp)
         return response
 
-    from . import api, auth_views, dictionary_views, plots, views, write_api
+    from . import api, api_docs, auth_views, dictionary_views, plot_api, plots, vendor, views, write_api
 
     app.register_blueprint(views.bp)
     app.register_blueprint(dictionary_views.bp)
     app.register_blueprint(plots.bp)
     app.register_blueprint(write_api.bp)
+    app.register_blueprint(plot_api.bp)
+    app.register_blueprint(vendor.bp)
+    app.register_blueprint(api_docs.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(auth_views.bp)
     # JSON API: no form tokens. Writes there carry write_access_required, which asks a session

@@ -16,6 +16,7 @@ from ..jsonsafe import json_safe
 from . import get_registry, queries
 from .curves import int_arg
 from .downsample import MAX_POINTS, downsample_indices
+from .iplot import step_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -56,7 +57,8 @@ def run(ref: str) -> Response:
 
 @bp.get("/runs/<ref>/series")
 def series(ref: str) -> Response:
-    """One series' points; ``canonical=1`` applies the alias sign, ``points=N`` downsamples (MinMaxLTTB)."""
+    """One series' points; ``canonical=1`` applies the alias sign, ``points=N`` downsamples (MinMaxLTTB);
+    ``from_step``/``to_step`` keep only that step range (inclusive), before any downsampling."""
     key = request.args.get("key")
     if not key:
         raise InputError("query parameter 'key' is required")
@@ -68,6 +70,11 @@ def series(ref: str) -> Response:
     reg = get_registry()
     sref = queries.series_ref(reg, ref, key)
     data = reg.read_series(sref.run_id, sref.key)
+    lo, hi = step_arg(request.args, "from_step"), step_arg(request.args, "to_step")
+    if lo is not None or hi is not None:
+        if lo is not None and hi is not None and hi < lo:
+            raise InputError(f"to_step ({hi:g}) must not be below from_step ({lo:g})")
+        data = data.between(-math.inf if lo is None else lo, math.inf if hi is None else hi)
     repeated = data.has_repeats
     if per_step:
         data = data.per_step()

@@ -551,11 +551,25 @@ def group_band(prepared: Sequence[Prepared], band: str) -> tuple[np.ndarray, np.
 LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)))
 
 
+def crop_prepared(p: Prepared, lo: float, hi: float) -> Prepared:
+    """``p`` within ``lo <= x <= hi`` (x in the plot's units), smoothing kept as computed on the whole."""
+    keep = (p.x >= lo) & (p.x <= hi)
+    line_x = p.line_x
+    lkeep = (line_x >= lo) & (line_x <= hi)
+    return Prepared(x=p.x[keep], y=p.y[keep], smooth=None if p.smooth is None else p.smooth[lkeep],
+                    nonfinite_x=p.nonfinite_x[(p.nonfinite_x >= lo) & (p.nonfinite_x <= hi)], total=p.total,
+                    window=p.window, steps=p.steps, values=p.values,
+                    smooth_x=None if p.smooth_x is None else p.smooth_x[lkeep],
+                    step_y=None if p.step_y is None else p.step_y[lkeep])
+
+
 def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: Sequence[Unit],
-                 opts: CompareOptions, smooth: SmoothOptions, *, normalized: bool = False) -> tuple[PlotSpec, dict]:
+                 opts: CompareOptions, smooth: SmoothOptions, *, normalized: bool = False,
+                 x_range: tuple[float, float] | None = None) -> tuple[PlotSpec, dict]:
     """The overlay of one metric: per unit a raw+smoothed curve or a seed group's mean and band.
 
     ``data`` maps run id -> that run's series for this metric (raw values; sign applied here).
+    ``x_range`` keeps only that part of the x-axis (a zoomed interactive plot), after smoothing.
     Returns the spec and the full-resolution export table.
     """
     window = smooth.window_for(comp.definition)
@@ -585,8 +599,10 @@ def overlay_spec(comp: MetricComparison, data: Mapping[str, SeriesData], units: 
                 scale = run_length(r) if opts.align == "fraction" or windows else None
             p = prepare(series, m.series.get("sign") or 1.0, smooth.method, window, x_scale=scale,
                         normalize=norm, x_offset=offset)
-            by_sem.setdefault(sem_index.get(id(m), 0), []).append((m, p))
             _extend_export(export, r, p, scale, offset)
+            if x_range is not None:
+                p = crop_prepared(p, *x_range)
+            by_sem.setdefault(sem_index.get(id(m), 0), []).append((m, p))
         for gi, items in sorted(by_sem.items()):
             style = LINESTYLES[gi % len(LINESTYLES)]
             suffix = _semantic_suffix(comp, gi)

@@ -321,9 +321,10 @@ def run_dashboard(ref: str):
     flagged = [c for cards in layers.values() for c in cards if c["health"] in ("low", "high")]
     in_range = sum(1 for cards in layers.values() for c in cards if c["health"] == "ok")
     nonfinite = [c for cards in (*layers.values(), unmapped) for c in cards if c["nonfinite"]]
+    interactive = interactive_plots(run, [c for cards in (*layers.values(), unmapped) for c in cards], diagnosis)
     return render_template(
         "run.html", run=run, layers=layers, unmapped=unmapped, opts=opts, flagged=flagged, in_range=in_range,
-        nonfinite=nonfinite, methods=METHOD_LABELS,
+        nonfinite=nonfinite, methods=METHOD_LABELS, interactive=interactive,
         binding_lines=[line for line in binding_summary(run.get("binding")) if not line.startswith("WARNING: ")],
         binding_warnings=list((run.get("binding") or {}).get("warnings") or []),
         guessed=[s["key"] for s in run["series"] if (s.get("provenance") or {}).get("how") == "guessed"],
@@ -331,6 +332,41 @@ def run_dashboard(ref: str):
         compare_with=[run["id"]], open_diagnostic=any(c.get("mark") for c in layers.get("diagnostic", [])),
         sim_args={k: v for k, v in request.args.items() if k.startswith("sim_") or k == "sim"},
     )
+
+
+def interactive_plots(run: Mapping[str, Any], cards: Sequence[dict[str, Any]], diagnosis: Any) -> dict[str, Any] | None:
+    """Turn the dashboard's cards into interactive plots (``?plots=static``: the PNGs only).
+
+    Each card gets what ``iplots.js`` needs (its API URL, unit, findings spans); the page gets
+    the x-axes this run offers and, for a running run, what its live status polls.
+    """
+    from .iplot import COUNTER_HINTS, COUNTER_PREFIX
+    from .vendor import inline_style_guards, plotly_available
+
+    if request.args.get("plots") == "static" or not plotly_available():
+        return None
+    spans = diagnosis.get("spans", {}) if isinstance(diagnosis, Mapping) else {}
+    api = url_for("plot_api.run_plot_view", ref=run["id"])
+    for c in cards:
+        c["iplot"] = {"api": api, "unit": (c.get("definition") or {}).get("unit") or "",
+                      "spans": [list(s) for s in spans.get(c.get("name"), [])] if c.get("name") else []}
+    x_axes = [("step", "step"), ("fraction", "fraction of training"), ("wall", "wall time")]
+    for s in run.get("series") or []:
+        # A counter never decreases: its first value is its minimum and its last its maximum (the
+        # server checks every point when it is chosen).
+        key = s["key"]
+        if (s.get("count") or 0) >= 2 and any(h in key.lower() for h in COUNTER_HINTS) and s.get("min") is not None \
+                and s.get("first") == s.get("min") and s.get("last") == s.get("max") and s.get("max") > s.get("min"):
+            x_axes.append((COUNTER_PREFIX + key, key))
+    live = None
+    if run.get("status") == "running":
+        live = {"stamp_url": url_for("plot_api.run_stamp", ref=run["id"]), "version": run.get("data_version"),
+                "updated": run.get("updated_at") or "", "poll_ms": int(current_app.config.get("LIVE_POLL_MS", 5000))}
+    window_defaults = [c["window"] for c in cards] or [10]
+    return {"x_axes": x_axes, "live": live, "style_guards": inline_style_guards(), "slider_max": max(200, max(window_defaults) * 4),
+            "default_window": window_defaults[0],
+            "static_url": url_for("ui.run_dashboard", ref=run["id"]) + "?" + _q({**request.args.to_dict(),
+                                                                              "plots": "static"})}
 
 
 def _anchor_cards(layers: Mapping[str, list[dict[str, Any]]], run: Mapping[str, Any],
@@ -384,6 +420,7 @@ def compare():
     for comp in comps:
         params = {**base, "metric": comp.name}
         plots = [{"label": "as logged", "img": url_for("plots.compare_plot") + "?" + _q(params),
+                  "api": url_for("plot_api.compare_plot_view") + "?" + _q(params),
                   "svg": url_for("plots.compare_plot") + "?" + _q({**params, "format": "svg"}),
                   "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(params),
                   "json": url_for("plots.compare_data", fmt="json") + "?" + _q(params)}]
@@ -391,6 +428,7 @@ def compare():
             nparams = {**params, "normalized": "1"}
             plots.append({"label": f"normalized ({NORMALIZATION_LABELS[copts.norm]})",
                           "img": url_for("plots.compare_plot") + "?" + _q(nparams),
+                          "api": url_for("plot_api.compare_plot_view") + "?" + _q(nparams),
                           "svg": url_for("plots.compare_plot") + "?" + _q({**nparams, "format": "svg"}),
                           "csv": url_for("plots.compare_data", fmt="csv") + "?" + _q(nparams),
                           "json": url_for("plots.compare_data", fmt="json") + "?" + _q(nparams)})
@@ -404,8 +442,18 @@ def compare():
     return render_template(
         "compare.html", runs=details, units=units, unit_of=unit_of, sections=sections, copts=copts, sopts=sopts,
         diff_rows=diff_rows, same_keys=same_keys, warnings=warnings, methods=METHOD_LABELS,
-        normalizations=NORMALIZATION_LABELS, run_ids=run_ids,
+        normalizations=NORMALIZATION_LABELS, run_ids=run_ids, interactive=compare_interactive(),
     )
+
+
+def compare_interactive() -> dict[str, Any] | None:
+    """The compare page's plots drawn by plotly (``?plots=static``: the PNGs only)."""
+    from .vendor import inline_style_guards, plotly_available
+
+    if request.args.get("plots") == "static" or not plotly_available():
+        return None
+    return {"style_guards": inline_style_guards(),
+            "static_url": url_for("ui.compare") + "?" + _q({**request.args.to_dict(flat=False), "plots": "static"})}
 
 
 # --- health baselines --------------------------------------------------------------------
