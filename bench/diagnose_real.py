@@ -141,6 +141,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
                 st["fp"].append(f"{name}: {f.summary()[:110]}")
         if db is not None:
             st["problem_runs_baseline"] += 1
+            st["problems_baseline"] += len(lab["problems"])
             found_b = sum(1 for prob in lab["problems"] if any(
                 f.detector in prob["detectors"] and f.start <= prob["steps"][1] and f.end >= prob["steps"][0]
                 for f in db.at_least("warning")))
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{st['healthy_runs']:.0f} healthy runs")
         print(f"  detection recall     {_ratio(st['found'], st['problems'])}")
         print(f"  detection precision  {_ratio(st['tp'], st['tp'] + st['fp_findings'])}")
-        print(f"  recall with baseline {_ratio(st['found_baseline'], st['problems'])}")
+        print(f"  recall with baseline {_ratio(st['found_baseline'], st['problems_baseline'])} "
+              f"(runs whose environment has healthy runs to learn from)")
         print(f"  false alarms on healthy runs: without baseline {_ratio(st['healthy_alarm'], st['healthy_runs'])}, "
               f"with baseline {_ratio(st['healthy_alarm_baseline'], st['healthy_with_baseline'])}")
         print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}")

@@ -76,7 +76,9 @@ class Context:
         low = info.healthy_low if info else None
         high = info.healthy_high if info else None
         source = (info.range_source if info is not None else None) or "dictionary"
-        if low is None and high is None and self.baseline is not None and name in self.baseline.metrics:
+        # A weak baseline (fewer than 3 healthy runs) supplies no ranges: its bands are too narrow a sample.
+        if low is None and high is None and self.baseline is not None and name in self.baseline.metrics \
+                and not getattr(self.baseline, "weak", False):
             bands = [b for b in (self.baseline.metrics[name].early, self.baseline.metrics[name].mid) if b]
             if bands:
                 lo, hi = min(b.low for b in bands), max(b.high for b in bands)

@@ -266,6 +266,9 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
     """
     st = ctx.s
     n = sr.n
+    info = ctx.metrics.get(name)
+    if info is None or info.healthy_low is None or info.healthy_high is None:
+        return []                        # only the dictionary's task range says where the top is
     if ctx.run_kind != "control" or low is None or high is None or high <= low or n < st.flat_min_points:
         return []
     width = high - low
