@@ -137,8 +137,10 @@ class Context:
     def reward_saturated(self, name: str, level: float) -> bool:
         """Is ``level`` of reward metric ``name`` at its ceiling (cap reached, not broken)?
 
-        With a healthy (task) range: within ``saturation_tol`` of its width below the high
-        end. Without one: at the run's own maximum after a clear rise from its early level.
+        With a healthy (task) range from the dictionary: within ``saturation_tol`` of its width
+        below the high end. Without one: at the run's own maximum after a clear rise from its
+        early level. A range learned from a baseline does not count: its bands cover the early
+        and mid phases of healthy runs, padded, so its high end says nothing about the task's cap.
         """
         sr = self.series(name)
         if sr is None:
@@ -146,7 +148,8 @@ class Context:
         hib = self.higher_is_better(name)
         y = sr.y if hib else -sr.y
         lvl = level if hib else -level
-        low, high = self.range(name)
+        info = self.metrics.get(name)
+        low, high = (info.healthy_low, info.healthy_high) if info is not None else (None, None)
         if not hib:
             low, high = (None if high is None else -high), (None if low is None else -low)
         tol = self.s.saturation_tol
