@@ -37,7 +37,7 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
 
 
 def test_demo_seed_groups_step_scales_verdicts_baselines_and_closing_pages(sqlite_url: str, sb3_runs):
-    from registry.health import get_baseline
+    from registry.health import current_findings, get_baseline
     from registry.web import create_app
     from registry.web.curves import build_units
 
@@ -55,6 +55,10 @@ def test_demo_seed_groups_step_scales_verdicts_baselines_and_closing_pages(sqlit
         units = build_units(seeds, group_seeds=True)
         assert len(units) == 1 and units[0].is_group
         assert {s["verdict"] for s in seeds} == {"success"}
+        # ... and the diagnosis raises nothing on them (a healthy seed with a warning would be a false alarm).
+        for seed_run in seeds:
+            assert current_findings(reg, seed_run["id"]).n_problems == 0, (seed_run["name"], current_findings(
+                reg, seed_run["id"]).lines)
         assert get_baseline(reg, task) is not None
     # Verdicts follow the run's curves: the KL blow-up diverged or failed, the zero reward failed.
     assert reg.run_detail("math-grpo-kl_blowup-s0")["verdict"] in ("diverged", "failed")
