@@ -5,7 +5,6 @@ from pathlib import Path
 
 import click
 
-from .cli import _parse_semantics, console, echo_json, err_console, json_option
 
 
 @click.command()
@@ -25,7 +24,7 @@ from .cli import _parse_semantics, console, echo_json, err_console, json_option
 @click.option("--idle-seconds", type=float, default=300.0, show_default=True,
               help="Stop (and mark the run finished) when the file has not grown for this long.")
 @click.option("--poll-seconds", type=float, default=1.0, show_default=True)
-@json_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def follow(ctx: click.Context, path: Path, spool: bool, name: str | None, project: str, algorithm: str | None,
            task: str | None, params: tuple[str, ...], params_file: Path | None, tags: tuple[str, ...],
@@ -33,6 +32,8 @@ def follow(ctx: click.Context, path: Path, spool: bool, name: str | None, projec
            as_json: bool) -> None:
     """Follow a verl console log or verl file-backend JSONL into a run while it is written
     (tail; resume after a restart without duplicating points), or with --spool upload a spooled run."""
+    # Imported here, not at the top: registry.cli imports this module, also when run as ``python -m``.
+    from .cli import _parse_semantics, console, echo_json, err_console
     from .integrations import spool as spool_io
     from .integrations.targets import LocalTarget
 
