@@ -22,6 +22,7 @@ from .binding import AliasIndex, Binding, BindingContext, normalize_framework, s
 from .db import default_database_url, make_engine, make_session_factory
 from .dictionary import ensure_default_dictionary
 from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
+from .errors import LimitExceededError
 from .hparams import flatten, iter_typed, restore_value
 from .limits import DEFAULT_LIMITS, Limits
 from .models import (
@@ -379,7 +380,10 @@ class Registry:
         from .importers import fingerprint, open_source
 
         self.limits.check_line_lengths(Path(path))
-        source = open_source(Path(path), format)
+        try:
+            source = open_source(Path(path), format)
+        except RecursionError:  # an importer's parser (JSON, YAML) on absurd nesting
+            raise LimitExceededError("nested too deeply to read (thousands of levels)", str(path)) from None
         fp = fingerprint(source)
         with self.read() as session:
             previous = session.scalar(select(Run).where(Run.source_fingerprint == fp))
@@ -387,12 +391,15 @@ class Registry:
                 raise AlreadyRegisteredError(previous.id, previous.name)
         self.limits.check_tags(len(tags or ()))
         builder = SeriesBuilder(str(path), on_disorder)
-        for i, point in enumerate(source.points(), 1):
-            builder.add(point)
-            if i % 1024 == 0:
-                self.limits.check_keys(builder.key_count, str(path))
-            if progress is not None and i % 10000 == 0:
-                progress(10000)
+        try:
+            for i, point in enumerate(source.points(), 1):
+                builder.add(point)
+                if i % 1024 == 0:
+                    self.limits.check_keys(builder.key_count, str(path))
+                if progress is not None and i % 10000 == 0:
+                    progress(10000)
+        except RecursionError:
+            raise LimitExceededError("nested too deeply to read (thousands of levels)", str(path)) from None
         self.limits.check_keys(builder.key_count, str(path))
         data, summary = split_run_summary(builder.build())
         if not data:

@@ -180,3 +180,16 @@ def test_a_full_disk_is_one_line_and_changes_nothing(tmp_path):
     assert "full disk" in result.stderr or "disk is full" in result.stderr, result.stderr
     assert _snapshot(reg) == before
     reg.close()
+
+
+def test_absurdly_nested_files_are_refused_in_one_line(tmp_path):
+    db = f"sqlite:///{tmp_path / 'n.db'}"
+    reg = Registry(db)
+    before = _snapshot(reg)
+    deep = tmp_path / "trainer_state.json"
+    deep.write_text('{"log_history": ' + "[" * 100000 + "1" + "]" * 100000 + "}")
+    result = CliRunner().invoke(cli, ["--db", db, "register", str(deep)])
+    assert result.exit_code == 1 and "nested too deeply" in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert _snapshot(reg) == before
+    reg.close()

@@ -1,6 +1,6 @@
 """token scopes and server-side web sessions
 
-Revision ID: 0006_token_scopes
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-04 15:00:00
 
@@ -13,7 +13,7 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0006_token_scopes'
+revision = '0007'
 down_revision = '0006'
 branch_labels = None
 depends_on = None
