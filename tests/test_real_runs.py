@@ -82,3 +82,59 @@ def test_readme_registration_examples_run_as_written(sqlite_url: str, monkeypatc
         assert result.exit_code == 0, (argv, result.output)
         if argv[0] == "show":
             assert "cleanrl-cartpole" in result.output
+
+
+# For every framework-written file: the series of each concept the framework logs, the definition it
+# must bind to, and the KL estimator it must carry. (source, params file, framework,
+# {raw key: (definition, kl_estimator or None)}, {field of a key: "config"}).
+FRAMEWORK_FILES = [
+    ("cleanrl_ppo_cartpole/runs/CartPole-v1__ppo__1__1796394563", None, "cleanrl", {
+        "losses/approx_kl": ("kl_old_mean", "k3"), "losses/old_approx_kl": ("kl_old_mean", "k1"),
+        "charts/episodic_return": ("episode_return", None), "losses/clipfrac": ("clip_fraction", None),
+        "losses/entropy": ("entropy", None), "charts/episodic_length": ("episode_length", None)}, {}),
+    ("sb3_ppo_cartpole_logger/progress.csv", "sb3_ppo_cartpole_logger/params.json", "stable-baselines3", {
+        "train/approx_kl": ("kl_old_mean", "k3"), "rollout/ep_rew_mean": ("episode_return_mean", None),
+        "train/clip_fraction": ("clip_fraction", None), "train/entropy_loss": ("entropy", None),
+        "rollout/ep_len_mean": ("episode_length_mean", None)}, {}),
+    ("trl_grpo_tiny/num_iterations2/runs/Dec04_14-38-05_vm", "trl_grpo_tiny/num_iterations2/config.json", "trl", {
+        "train/kl": ("kl_ref_mean", "k3"), "train/reward": ("reward_sequence_mean", None),
+        "train/clip_ratio/region_mean": ("clip_fraction", None), "train/entropy": ("entropy", None),
+        "train/completions/mean_length": ("response_length_mean", None)}, {}),
+    ("verl_tracking_grpo/verl_grpo_tiny/qwen_tiny_gsm8k_grpo.jsonl", "verl_tracking_grpo/config.json", "verl", {
+        "actor/kl_loss": ("kl_ref_mean", "k3"), "actor/ppo_kl": ("kl_old_mean", "k1"),
+        "critic/score/mean": ("reward_sequence_mean", None), "critic/advantages/mean": ("advantage_mean", None),
+        "actor/pg_clipfrac": ("clip_fraction", None), "actor/entropy": ("entropy", None),
+        "response_length/mean": ("response_length_mean", None)},
+     {"actor/kl_loss": "kl_estimator", "critic/advantages/mean": "normalization_axis"}),
+    ("verl_tracking_grpo/console.log", "verl_tracking_grpo/config.json", "verl", {
+        "actor/kl_loss": ("kl_ref_mean", "k3"), "actor/ppo_kl": ("kl_old_mean", "k1"),
+        "critic/score/mean": ("reward_sequence_mean", None), "critic/advantages/mean": ("advantage_mean", None),
+        "actor/pg_clipfrac": ("clip_fraction", None), "actor/entropy": ("entropy", None),
+        "response_length/mean": ("response_length_mean", None)},
+     {"actor/kl_loss": "kl_estimator", "critic/advantages/mean": "normalization_axis"}),
+    ("openrlhf_tensorboard_grpo/qwen_tiny_grpo_k3", "openrlhf_tensorboard_grpo/args.json", "openrlhf", {
+        "train/kl": ("kl_ref_mean", "k3"), "train/logprobs_diff": ("kl_ref_mean", "k1"),
+        "train/reward": ("reward_sequence_mean", None), "train/ppo_clip_ratio": ("clip_fraction", None),
+        "train/entropy_loss": ("entropy", None), "train/response_length": ("response_length_mean", None)},
+     {"train/kl": "kl_estimator"}),
+]
+
+
+@pytest.mark.parametrize("source, params, framework, expected, from_config", FRAMEWORK_FILES,
+                         ids=[f[0].split("/")[0] + ":" + f[0].rsplit("/", 1)[-1][:24] for f in FRAMEWORK_FILES])
+def test_framework_files_bind_each_concept_by_their_own_alias(registry: Registry, source, params, framework,
+                                                              expected, from_config):
+    from registry.importers.params import load_params_file
+
+    result = registry.register(REAL / source, params=load_params_file(REAL / params) if params else None)
+    assert result.framework == framework and not result.guessed
+    series = {s["key"]: s for s in registry.run_detail(result.run_id)["series"]}
+    for key, (definition, estimator) in expected.items():
+        s = series[key]
+        assert s["definition"] == definition, (key, s["definition"])
+        assert s["provenance"]["how"] == "alias", (key, s["provenance"])
+        if estimator:
+            assert s["semantics"]["kl_estimator"] == estimator, (key, s["semantics"])
+    for key, field in from_config.items():
+        origin = series[key]["provenance"]["fields"][field]
+        assert origin["from"] == "config" and origin["param"] and origin["verified_in"], (key, origin)
