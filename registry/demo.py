@@ -66,6 +66,7 @@ REAL_FRAMEWORK_RUNS: tuple[tuple[str, str, str, str | None], ...] = (
     ("cleanrl_ppo_cartpole/runs/*", "cleanrl-cartpole", "PPO", None),
     ("sb3_ppo_cartpole_logger/events.out.tfevents.*", "sb3-classic-control", "PPO", "params.json"),
     ("trl_grpo_tiny/*/checkpoint-*/trainer_state.json", "trl-tiny", "GRPO", "config.json"),
+    ("verl_tracking_grpo/*/*.jsonl", "verl-tiny", "GRPO", "config.json"),
 )
 
 

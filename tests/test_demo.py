@@ -10,13 +10,13 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
     summary = build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
     expected = sum(len(kinds) for *_, kinds in PROJECTS) + len(FRAMEWORK_PAIR)
     framework_runs = [p for pattern, *_ in REAL_FRAMEWORK_RUNS for p in DEFAULT_REAL_DATA.glob(pattern)]
-    assert len(framework_runs) >= 4  # CleanRL, the SB3 logger, two TRL GRPO runs
+    assert len(framework_runs) >= 5  # CleanRL, the SB3 logger, TRL GRPO runs, verl's file logger
     assert f"{expected} synthetic and {4 + len(framework_runs)} real" in summary
     reg = Registry(sqlite_url)
     rows, total = reg.list_runs(limit=None)
     assert total == expected + 4 + len(framework_runs)
     assert {r["project"] for r in rows} == {"math-grpo", "control-ppo", "sb3-classic-control", "cleanrl-cartpole",
-                                            "trl-tiny", "math-grpo-frameworks"}
+                                            "trl-tiny", "verl-tiny", "math-grpo-frameworks"}
     # Synthetic runs and the labelled shared runs carry verdicts; runs nobody judged carry none.
     judged = [r for r in rows if "demo" in r["tags"] or r["name"] in REAL_RUN_OUTCOMES]
     assert len(judged) == expected + 4 and all(r["verdict"] for r in judged)
