@@ -125,6 +125,15 @@ def _far(s: Setting | None, factor: float) -> float | None:
     return None
 
 
+def _setting_off(hp: RunSettings, ctx: Context, name: str, above: bool) -> tuple[Setting, float] | None:
+    """The run's setting ``name`` and its ratio to the reference, when it is far above (or below) it."""
+    s = hp.get(name)
+    r = _far(s, ctx.s.cause_setting_factor)
+    if s is None or r is None or (r < 1 if above else r > 1):
+        return None
+    return s, r
+
+
 def _bonus(r: float) -> float:
     """A little more support the further a setting is from its reference (0 .. 0.1)."""
     return min(0.1, 0.05 * abs(math.log10(max(r, 1e-12))))
@@ -135,10 +144,10 @@ def _ref(s: Setting) -> str:
 
 
 def lr_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
-    s = hp.get("learning_rate")
-    r = _far(s, ctx.s.cause_setting_factor)
-    if s is None or r is None or r < 1:
+    found = _setting_off(hp, ctx, "learning_rate", above=True)
+    if found is None:
         return None
+    s, r = found
     ev = [s.describe()]
     sup = 0.55 + _bonus(r)
     if kl == "high":
@@ -152,10 +161,10 @@ def lr_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | Non
 
 
 def lr_low(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
-    s = hp.get("learning_rate")
-    r = _far(s, ctx.s.cause_setting_factor)
-    if s is None or r is None or r > 1:
+    found = _setting_off(hp, ctx, "learning_rate", above=False)
+    if found is None:
         return None
+    s, r = found
     ev = [s.describe()]
     sup = 0.6 + _bonus(r)
     if kl == "small":
@@ -168,10 +177,10 @@ def lr_low(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None
 
 
 def clip_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
-    s = hp.get("clip_range")
-    r = _far(s, ctx.s.cause_setting_factor)
-    if s is None or r is None or r > 1:
+    found = _setting_off(hp, ctx, "clip_range", above=False)
+    if found is None:
         return None
+    s, r = found
     ev = [s.describe()]
     sup = 0.6 + _bonus(r)
     if kl in ("small", "normal"):
@@ -183,10 +192,10 @@ def clip_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | 
 
 
 def clip_large(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
-    s = hp.get("clip_range")
-    r = _far(s, ctx.s.cause_setting_factor)
-    if s is None or r is None or r < 1:
+    found = _setting_off(hp, ctx, "clip_range", above=True)
+    if found is None:
         return None
+    s, r = found
     ev = [s.describe()]
     sup = 0.5 + _bonus(r)
     if kl == "high":
@@ -197,10 +206,10 @@ def clip_large(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | 
 
 
 def epochs_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
-    s = hp.get("n_epochs")
-    r = _far(s, ctx.s.cause_setting_factor)
-    if s is None or r is None or r < 1:
+    found = _setting_off(hp, ctx, "n_epochs", above=True)
+    if found is None:
         return None
+    s, r = found
     ev = [s.describe()]
     sup = 0.55 + _bonus(r)
     if kl == "high":
