@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import InputError
 from ..series import SeriesData
 from . import smoothing
+from .curves import int_arg
 from .downsample import MAX_POINTS, downsample_indices
 
 X_AXES = ("step", "fraction", "wall")
@@ -55,8 +56,8 @@ class ViewRequest:
         lo, hi = step_arg(args, "from_step"), step_arg(args, "to_step")
         if lo is not None and hi is not None and hi < lo:
             raise InputError(f"to_step ({hi:g}) must not be below from_step ({lo:g})")
-        return cls(from_step=lo, to_step=hi, points=whole_arg(args, "points", DEFAULT_POINTS, 10, MAX_POINTS),
-                   method=method, window=whole_arg(args, "window", None, 1, smoothing.MAX_WINDOW), x_axis=x_axis)
+        return cls(from_step=lo, to_step=hi, points=int_arg(args, "points", DEFAULT_POINTS, 10, MAX_POINTS),
+                   method=method, window=int_arg(args, "window", None, 1, smoothing.MAX_WINDOW), x_axis=x_axis)
 
     def key(self) -> tuple:
         return (self.from_step, self.to_step, self.points, self.method, self.window, self.x_axis)
@@ -73,19 +74,6 @@ def step_arg(args: Mapping[str, str], name: str) -> float | None:
         raise InputError(f"{name} must be a number; got {raw!r}") from None
     if not math.isfinite(value):
         raise InputError(f"{name} must be finite; got {raw!r}")
-    return value
-
-
-def whole_arg(args: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
-    raw = (args.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name} must be a whole number; got {raw!r}") from None
-    if not low <= value <= high:
-        raise InputError(f"{name} must be between {low} and {high}; got {value}")
     return value
 
 

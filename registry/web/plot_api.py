@@ -19,7 +19,8 @@ from ..models import Run, Series
 from . import get_registry, queries
 from .cache import digest
 from .curves import DEFAULT_WINDOW
-from .iplot import COUNTER_PREFIX, ViewRequest, counter_curve, view_data
+from .iplot import COUNTER_PREFIX, ViewRequest, counter_curve, step_arg, view_data
+from .plots import build_overlay, compare_key, compare_request
 
 bp = Blueprint("plot_api", __name__, url_prefix="/api")
 
@@ -119,34 +120,19 @@ def compare_plot_view() -> Response:
     Same parameters as ``/plots/compare``, plus ``x_from``/``x_to`` (in the x-axis' units: steps,
     or fractions) for a zoomed view, and ``points`` (the plot's width) for the reduction.
     """
-    from .curves import build_units, compare_metrics, overlay_spec
-    from .iplot import step_arg
-    from .plots import _compare_key, _compare_request
-
-    ids, metric, normalized, copts, sopts = _compare_request()
+    ids, metric, normalized, copts, sopts = compare_request()
     lo, hi = step_arg(request.args, "x_from"), step_arg(request.args, "x_to")
     if (lo is None) != (hi is None) or (lo is not None and hi < lo):
         raise InputError("give both x_from and x_to, with x_from <= x_to")
     x_range = None if lo is None else (lo, hi)
-    tag = digest(_compare_key(ids, metric, normalized, copts, sopts, "compare-view") + (VIEW_VERSION, x_range))
+    tag = digest(compare_key(ids, metric, normalized, copts, sopts, "compare-view") + (VIEW_VERSION, x_range))
     cached = _not_modified(tag)
     if cached is not None:
         return cached
-    reg = get_registry()
-    details = list({d["id"]: d for d in (reg.run_detail(r) for r in ids)}.values())
-    defs = queries.definition_summaries(reg, [metric])
-    comps = [c for c in compare_metrics(details, defs) if c.name == metric]
-    if not comps:
-        from ..errors import NotFoundError
-
-        raise NotFoundError(f"none of the selected runs has the metric {metric!r}")
-    comp = comps[0]
-    units = build_units(details, copts.group)
-    data = {m.run["id"]: reg.read_series(m.run["id"], m.series["key"]) for m in comp.members}
-    spec, _ = overlay_spec(comp, data, units, copts, sopts,
-                           normalized=normalized, x_range=x_range)
+    spec, _ = build_overlay(ids, metric, normalized, copts, sopts, x_range=x_range)
+    unit = queries.definition_summaries(get_registry(), [metric]).get(metric, {}).get("unit")
     body = {
-        "metric": metric, "normalized": normalized, "xlabel": spec.xlabel, "unit": (comp.definition or {}).get("unit"),
+        "metric": metric, "normalized": normalized, "xlabel": spec.xlabel, "unit": unit,
         "healthy": list(spec.healthy) if spec.healthy else [None, None], "notes": spec.notes,
         "warnings": spec.warnings, "x_range": list(x_range) if x_range else None,
         "traces": [{"label": t.label, "color": t.color, "dash": not isinstance(t.linestyle, str) or t.linestyle != "-",

@@ -199,7 +199,7 @@ def run_data(ref: str, fmt: str) -> Response:
 # --- comparisons -------------------------------------------------------------------
 
 
-def _compare_request() -> tuple[list[str], str, bool, CompareOptions, SmoothOptions]:
+def compare_request() -> tuple[list[str], str, bool, CompareOptions, SmoothOptions]:
     ids: list[str] = []
     for value in request.args.getlist("run"):
         ids += [p.strip() for p in value.split(",") if p.strip()]
@@ -213,7 +213,7 @@ def _compare_request() -> tuple[list[str], str, bool, CompareOptions, SmoothOpti
         SmoothOptions.from_args(request.args)
 
 
-def _compare_key(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions,
+def compare_key(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions,
                  what: str) -> tuple:
     reg = get_registry()
     stamps = queries.run_stamps(reg, ids)
@@ -229,7 +229,9 @@ def _compare_key(ids: list[str], metric: str, normalized: bool, copts: CompareOp
             sopts.key())
 
 
-def _overlay(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions):
+def build_overlay(ids: list[str], metric: str, normalized: bool, copts: CompareOptions, sopts: SmoothOptions,
+                  x_range: tuple[float, float] | None = None):
+    """The overlay spec of ``metric`` over the runs ``ids`` (and its export table), optionally cut to ``x_range``."""
     reg = get_registry()
     details = list({d["id"]: d for d in (reg.run_detail(r) for r in ids)}.values())
     defs = queries.definition_summaries(reg, [metric])
@@ -239,18 +241,18 @@ def _overlay(ids: list[str], metric: str, normalized: bool, copts: CompareOption
     comp = comps[0]
     units = build_units(details, copts.group)
     data = {m.run["id"]: reg.read_series(m.run["id"], m.series["key"]) for m in comp.members}
-    return overlay_spec(comp, data, units, copts, sopts, normalized=normalized)
+    return overlay_spec(comp, data, units, copts, sopts, normalized=normalized, x_range=x_range)
 
 
 @bp.get("/compare")
 def compare_plot() -> Response:
     """One canonical metric of several runs overlaid; semantic differences drawn as a warning."""
-    ids, metric, normalized, copts, sopts = _compare_request()
+    ids, metric, normalized, copts, sopts = compare_request()
     fmt = _format()
-    key = _compare_key(ids, metric, normalized, copts, sopts, "compare-plot") + (fmt,)
+    key = compare_key(ids, metric, normalized, copts, sopts, "compare-plot") + (fmt,)
 
     def make() -> bytes:
-        spec, _ = _overlay(ids, metric, normalized, copts, sopts)
+        spec, _ = build_overlay(ids, metric, normalized, copts, sopts)
         return render(spec, fmt)
 
     return _conditional(digest(key), FORMATS[fmt], make)
@@ -261,11 +263,11 @@ def compare_data(fmt: str) -> Response:
     """The overlay's data at full resolution, one row per run and point."""
     if fmt not in ("csv", "json"):
         abort(404)
-    ids, metric, normalized, copts, sopts = _compare_request()
-    key = _compare_key(ids, metric, normalized, copts, sopts, "compare-data-" + fmt)
+    ids, metric, normalized, copts, sopts = compare_request()
+    key = compare_key(ids, metric, normalized, copts, sopts, "compare-data-" + fmt)
 
     def make() -> bytes:
-        spec, export = _overlay(ids, metric, normalized, copts, sopts)
+        spec, export = build_overlay(ids, metric, normalized, copts, sopts)
         columns = ["run_id", "run", "step", "x", "value", "smoothed"]
         if fmt == "csv":
             return _csv(columns, [export[c] for c in columns])
