@@ -57,17 +57,23 @@ def sniff_csv(path: Path, head: bytes) -> bool:
     return pick_column(header, STEP_NAMES) is not None
 
 
-def sniff_jsonl(path: Path, head: bytes) -> bool:
-    """Whether the first line is a complete JSON object (a pretty-printed document's is not)."""
+def first_json_object(path: Path, head: bytes) -> dict[str, Any] | None:
+    """The file's first line as a JSON object, when it is one (a pretty-printed document's is not)."""
     if path.is_dir():
-        return False
+        return None
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     if not text.startswith("{"):
-        return False
+        return None
     try:
-        return isinstance(json.loads(text.split("\n", 1)[0]), dict)
+        first = json.loads(text.split("\n", 1)[0])
     except (ValueError, RecursionError):
-        return False
+        return None
+    return first if isinstance(first, dict) else None
+
+
+def sniff_jsonl(path: Path, head: bytes) -> bool:
+    """Whether the first line is a complete JSON object."""
+    return first_json_object(path, head) is not None
 
 
 # --- CSV --------------------------------------------------------------------------------
@@ -255,7 +261,7 @@ def _jsonl_points(path: Path, skipped: dict[str, str], recorded: dict[str, Any] 
             continue
         position = f"line {number}"
         row = _json_object(text, name, position)
-        flat = dict(_flatten(row))
+        flat = dict(flatten_record(row))
         if step_key is None:
             step_key = pick_column(list(flat), STEP_NAMES)
             if step_key is None:
@@ -281,7 +287,7 @@ def _jsonl_points(path: Path, skipped: dict[str, str], recorded: dict[str, Any] 
         for key, value in flat.items():
             if key == step_key or key.lower() in WALL_TIME_NAMES or key.startswith("_wandb"):
                 continue
-            number = _json_number(value, name, position)
+            number = json_number(value, name, position)
             if number is not None:
                 yield Point(key, step, number, wall, position)
             elif value is not None:
@@ -306,13 +312,13 @@ def _json_wall_time(row: dict[str, Any], source: str, position: str) -> float | 
     key = pick_column(list(row), WALL_TIME_NAMES)
     if key is None or row[key] is None:
         return None
-    number = _json_number(row[key], source, position)
+    number = json_number(row[key], source, position)
     if number is None:
         raise InputError(f"wall time {key!r} is not a number", source, position)
     return number
 
 
-def _json_number(value: Any, source: str, position: str) -> float | None:
+def json_number(value: Any, source: str, position: str) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -322,7 +328,7 @@ def _json_number(value: Any, source: str, position: str) -> float | None:
     return None
 
 
-def _flatten(row: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+def flatten_record(row: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """``("a/b", v)`` for ``{"a": {"b": v}}``, in document order.
 
     Iterative, because json.loads accepts nesting deeper than Python's recursion limit.

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from registry.errors import InputError
 from registry.importers.base import Point, Source
-from registry.importers.tabular import _flatten, _json_number
+from registry.importers.tabular import first_json_object, flatten_record, json_number
 from registry.importers.textio import numbered_lines
 from registry.importers.values import as_step
 
@@ -28,16 +28,8 @@ FORMAT = "verl_file"
 
 def sniff(path: Path, head: bytes) -> bool:
     """Whether the first line is a ``{"step": N, "data": {...}}`` record."""
-    if path.is_dir():
-        return False
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
-    if not text.startswith("{"):
-        return False
-    try:
-        first = json.loads(text.split("\n", 1)[0])
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(first, dict) and set(first) == {"step", "data"} and isinstance(first["data"], dict)
+    first = first_json_object(path, head)
+    return first is not None and set(first) == {"step", "data"} and isinstance(first["data"], dict)
 
 
 def open_verl_file(path: Path) -> Source:
@@ -88,8 +80,8 @@ def _record(number: int, text: str, name: str, skipped: dict[str, str], *, last:
     if not isinstance(row, dict) or "step" not in row or not isinstance(row.get("data"), dict):
         raise InputError('expected {"step": N, "data": {...}}', name, position)
     step = as_step(row["step"], name, position)
-    for key, value in _flatten(row["data"]):
-        number_value = _json_number(value, name, position)
+    for key, value in flatten_record(row["data"]):
+        number_value = json_number(value, name, position)
         if number_value is not None:
             yield Point(key, step, number_value, None, position)
         elif value is not None:

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from ..dictionary import healthy_range_for
 from ..errors import InputError
 from ..jsonsafe import json_safe
-from ..models import Run, Series
+from ..models import Series
 from . import get_registry, queries
 from .cache import digest
 from .curves import DEFAULT_WINDOW
