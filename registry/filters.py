@@ -281,6 +281,35 @@ def compile_filter(expression: str) -> ColumnElement:
         raise
 
 
+def hyperparameter_fields(expression: str) -> list[str]:
+    """The hyperparameter keys a (valid) filter expression refers to, in order of appearance."""
+    if not expression or not expression.strip():
+        return []
+    keys = []
+    for token in _parser().parse(expression).scan_values(lambda t: isinstance(t, Token) and t.type == "FIELD"):
+        lowered = str(token).lower()
+        if lowered in RUN_COLUMNS or lowered == "tag" or lowered.startswith(("score.", "metric.", "label.")):
+            continue
+        keys.append(str(token)[6:] if lowered.startswith("param.") else str(token))
+    return list(dict.fromkeys(keys))
+
+
+# Short names people type for hyperparameters, and the keys trainers write them as.
+_PARAM_SYNONYMS = {"lr": ("learning_rate",), "learning_rate": ("lr",), "ent_coef": ("ent_coef",),
+                   "clip": ("clip_range", "clip_coef", "clip_ratio"), "epochs": ("n_epochs", "ppo_epochs")}
+
+
+def suggest_params(key: str, known: list[str], limit: int = 3) -> list[str]:
+    """Known hyperparameter keys close to ``key``: same last component, a common synonym, or spelling."""
+    import difflib
+
+    last = key.rsplit(".", 1)[-1].lower()
+    wanted = {last, *_PARAM_SYNONYMS.get(last, ())}
+    exact = [k for k in known if k.rsplit(".", 1)[-1].lower() in wanted]
+    close = difflib.get_close_matches(key, known, n=limit, cutoff=0.6)
+    return list(dict.fromkeys(exact + close))[:limit]
+
+
 def _depth(tree: Tree) -> int:
     """The nesting depth of a parse tree, walked without recursion."""
     deepest, stack = 0, [(tree, 1)]

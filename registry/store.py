@@ -671,12 +671,13 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Runs matching the filters (``where`` in the filter language), and the total match count."""
-        from .filters import compile_filter, sort_keys
+        from .filters import compile_filter, hyperparameter_fields, sort_keys
 
         query = select(Run)
         conditions = []
         if where:
             conditions.append(compile_filter(where))
+            self._check_hyperparameters_exist(hyperparameter_fields(where))
         if project:
             conditions.append(Run.project == project)
         if tag:
@@ -696,6 +697,26 @@ class Registry:
                 page = page.limit(limit)
             page = page.options(selectinload(Run.params), selectinload(Run.tags), selectinload(Run.scores))
             return [run_to_dict(r) for r in session.scalars(page)], total
+
+    def _check_hyperparameters_exist(self, keys: Sequence[str]) -> None:
+        """A filter on a hyperparameter no run has is a typo (``lr`` for ``learning_rate``): say so, with
+        the keys it may have meant, instead of answering with an empty list."""
+        if not keys:
+            return
+        from .filters import suggest_params
+
+        with self.read() as session:
+            present = set(session.scalars(select(RunParam.key).where(RunParam.key.in_(list(keys))).distinct()))
+            missing = [k for k in keys if k not in present]
+            if not missing:
+                return
+            known = list(session.scalars(select(RunParam.key).distinct().limit(20000)))
+        if not known:
+            return  # an empty registry: nothing to have mistyped
+        key = missing[0]
+        hint = suggest_params(key, known)
+        raise InputError(f"no run has a hyperparameter {key!r}"
+                         + (f"; did you mean {', '.join(hint)}?" if hint else ""))
 
     def definitions_by_name(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         from .dictionary import definition_to_dict, list_definitions

@@ -49,3 +49,21 @@ def test_random_text_parses_or_raises_filter_syntax_error(text: str):
         compile_filter(text)
     except FilterSyntaxError:
         pass
+
+
+def test_a_hyperparameter_no_run_has_is_an_error_with_suggestions(registry):
+    from registry.errors import InputError
+    from registry.series import SeriesData
+    import numpy as np
+
+    curve = {"loss": SeriesData(np.arange(1, 4), np.array([1.0, 0.5, 0.2]))}
+    registry.register_arrays("a", curve, params={"learning_rate": 3e-4, "actor": {"optim": {"lr": 1e-6}}})
+    registry.register_arrays("b", curve, params={"learning_rate": 1e-3, "n_epochs": 10})
+    with pytest.raises(InputError, match=r"no run has a hyperparameter 'lr'; did you mean .*learning_rate"):
+        registry.list_runs(where="lr>1e-4")
+    with pytest.raises(InputError, match=r"'n_epoch'; did you mean n_epochs"):
+        registry.list_runs(where="algorithm=PPO and n_epoch=10")
+    # Keys that exist (also only in some runs, or nested) filter as before.
+    assert registry.list_runs(where="learning_rate>5e-4")[1] == 1
+    assert registry.list_runs(where="actor.optim.lr<1e-5")[1] == 1
+    assert registry.list_runs(where="n_epochs=10 or learning_rate<1e-3")[1] == 2
