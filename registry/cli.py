@@ -32,8 +32,9 @@ class RegistryGroup(click.Group):
         try:
             return super().invoke(ctx)
         except AlreadyRegisteredError as exc:
+            # Not a failure of the input, but nothing was registered: scripts must be able to tell.
             err_console.print(f"[yellow]{exc}[/yellow]", markup=True, highlight=False)
-            ctx.exit(0)
+            ctx.exit(2)
         except RegistryError as exc:
             err_console.print(f"error: {exc}", markup=False, highlight=False)
             ctx.exit(1)

@@ -41,10 +41,10 @@ def test_register_list_show_outcome(rlreg, sb3_runs: Path):
     assert "train/approx_kl" in text and "kl_estimator=k3" in text
 
 
-def test_register_again_says_so_and_exits_zero(rlreg, sb3_runs: Path):
+def test_register_again_names_the_run_and_exits_two(rlreg, sb3_runs: Path):
     rlreg("register", str(sb3_runs / "cartpole_healthy_s0"))
-    out = rlreg("register", str(sb3_runs / "cartpole_healthy_s0"))
-    assert "already registered" in out and "--replace" in out
+    out = rlreg("register", str(sb3_runs / "cartpole_healthy_s0"), code=2)
+    assert "already registered as run 'cartpole_healthy_s0'" in out and "--replace" in out
     out = rlreg("register", str(sb3_runs / "cartpole_healthy_s0"), "--replace")
     assert "replaced run" in out
 
