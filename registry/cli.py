@@ -940,12 +940,13 @@ def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Worker processes (gunicorn when above 1; about one per core, over PostgreSQL).")
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Threads per process.")
+@click.option("--db", "serve_db", help="Database URL to serve (the same as rlreg --db URL serve).")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
+def serve(ctx: click.Context, host: str, port: int, workers: int, threads: int, serve_db: str | None) -> None:
     """Serve the web UI and JSON API (127.0.0.1 by default)."""
     from .db import default_database_url
 
-    _serve(ctx.obj["db_url"] or default_database_url(), host, port, workers, threads)
+    _serve(serve_db or ctx.obj["db_url"] or default_database_url(), host, port, workers, threads)
 
 
 # Defined in its own module (it needs the helpers above): following growing logs and spool files.

@@ -22,13 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 SECRET = "scale-out-test-secret-key-0123456789"
 
 
-def _start(db_url: str, port: int, workdir: Path, workers: int = 1) -> subprocess.Popen:
-    env = dict(os.environ, RLREG_ENV="production", RLREG_SECRET_KEY=SECRET, RLREG_DATABASE_URL=db_url,
+def _start(db_url: str, port: int, workdir: Path, workers: int = 1, db_option: bool = False) -> subprocess.Popen:
+    """``rlreg serve`` in a process of its own; the database from the environment, or ``serve --db``."""
+    env = dict(os.environ, RLREG_ENV="production", RLREG_SECRET_KEY=SECRET,
                RLREG_UPLOAD_DIR=str(workdir / "uploads"), PYTHONPATH=str(REPO))
+    env.pop("RLREG_DATABASE_URL", None)
+    if not db_option:
+        env["RLREG_DATABASE_URL"] = db_url
     log = open(workdir / f"server-{port}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "registry.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", str(workers), "--threads", "4"], cwd=workdir, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                             "--workers", str(workers), "--threads", "4", *(["--db", db_url] if db_option else [])],
+                            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -143,4 +147,17 @@ def test_serve_with_gunicorn_workers(sqlite_url, tmp_path):
     finally:
         _stop(proc)
     assert reg.list_runs()[1] == 12
+    reg.close()
+
+
+def test_serve_db_option_serves_that_registry(sqlite_url, tmp_path):
+    reg = Registry(sqlite_url)
+    reg.register_arrays("served", _curve(0))
+    port = free_port()
+    proc = _start(sqlite_url, port, tmp_path, db_option=True)
+    try:
+        runs = requests.get(f"http://127.0.0.1:{port}/api/runs", timeout=30).json()
+        assert [r["name"] for r in runs["runs"]] == ["served"]
+    finally:
+        _stop(proc)
     reg.close()
