@@ -401,7 +401,7 @@ def delete(ctx: click.Context, run: str, yes: bool) -> None:
 
 @cli.group()
 def dictionary() -> None:
-    """The metric dictionary: list, show, import, export, history."""
+    """The metric dictionary: list, show, import, export, check-keys."""
 
 
 @dictionary.command("list")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from .errors import DefinitionError, InputError, NotFoundError
@@ -370,8 +370,27 @@ def get_definition(session: Session, name: str) -> MetricDefinition:
         .options(selectinload(MetricDefinition.aliases), selectinload(MetricDefinition.versions))
     )
     if defn is None:
-        raise NotFoundError(f"no metric definition named {name!r}")
+        hint = definition_suggestions(session, name)
+        raise NotFoundError(f"no metric definition named {name!r}"
+                            + (f"; did you mean {', '.join(hint)}?" if hint else ""))
     return defn
+
+
+def definition_suggestions(session: Session, text: str, limit: int = 5) -> list[str]:
+    """Definitions a user may have meant by ``text``: those a framework logs under that key (TRL's
+    ``kl`` is ``kl_ref_mean``), then names containing it, then names spelled like it."""
+    import difflib
+
+    by_alias = session.execute(
+        select(MetricDefinition.name, MetricAlias.framework).join(MetricAlias)
+        .where(func.lower(MetricAlias.key) == text.lower()).order_by(MetricDefinition.name)
+    ).all()
+    names = list(session.scalars(select(MetricDefinition.name).order_by(MetricDefinition.name)))
+    hints = list(dict.fromkeys(f"{n} ({fw}'s {text!r})" for n, fw in by_alias))  # one per framework
+    seen = {n for n, _ in by_alias}
+    hints += [n for n in names if text.lower() in n.lower() and n not in seen]
+    hints += [n for n in difflib.get_close_matches(text, names, n=limit) if n not in seen and n not in hints]
+    return hints[:limit]
 
 
 def definition_as_of(session: Session, definition_id: int, version: int) -> dict[str, Any] | None:

@@ -74,3 +74,10 @@ def test_dictionary_export_import_show(rlreg, tmp_path: Path):
     name = listing[0]["name"]
     shown = json.loads(rlreg("dictionary", "show", name, "--json"))
     assert shown["name"] == name and shown["history"][0]["version"] == 1
+
+
+def test_dictionary_show_suggests_what_a_name_may_have_meant(rlreg):
+    out = rlreg("dictionary", "show", "kl", code=1)
+    assert "no metric definition named 'kl'; did you mean kl_ref_mean (trl's 'kl')" in out
+    assert "entropy" in rlreg("dictionary", "show", "entropi", code=1)
+    assert "history" not in rlreg("dictionary", "--help").split("Commands:")[0]  # no command of that name
