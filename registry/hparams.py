@@ -7,13 +7,13 @@ from typing import Any, Iterator, Mapping
 VALUE_TYPES = ("int", "float", "bool", "str", "null")
 
 
-def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"optim": {"lr": 1e-5}}`` -> ``{"optim.lr": 1e-5}``; lists become their JSON-ish text."""
+def flatten(params: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-5}}`` -> ``{"optim.lr": 1e-5}`` (``sep="/"``: ``optim/lr``, as metric keys nest)."""
     out: dict[str, Any] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(flatten(value, prefix=f"{name}."))
+            out.update(flatten(value, prefix=f"{name}{sep}", sep=sep))
         else:
             out[name] = value
     return out

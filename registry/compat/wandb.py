@@ -35,6 +35,7 @@ import logging
 import os
 from typing import Any, Mapping, Sequence
 
+from registry.hparams import flatten
 from registry.integrations.stream import StreamingRun, _number
 from registry.semantics import SEMANTIC_FIELDS
 
@@ -119,7 +120,7 @@ class Run:
     def log(self, data: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> None:
         if self.disabled or self._finished:
             return
-        flat = _flatten(data)
+        flat = flatten(data, sep="/")
         if step is not None:
             step = int(step)
             if step < self.step:
@@ -295,14 +296,3 @@ def _as_dict(values: Any) -> dict[str, Any]:
     if hasattr(values, "__dict__"):  # argparse.Namespace, a dataclass instance
         return dict(vars(values))
     raise TypeError(f"config must be a mapping or a namespace, got {type(values).__name__}")
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, prefix=f"{name}/"))
-        else:
-            out[name] = value
-    return out
