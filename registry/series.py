@@ -136,11 +136,9 @@ class SeriesBuilder:
             last = col.steps[-1]
             if step == last and is_schedule_key(key) and _same_value(value, col.values[-1]):
                 return
-            if self.policy == "keep-all" and step == last:
-                pass
-            elif self.policy == "keep-last":
+            if self.policy == "keep-last":
                 self._rewind(key, col, step, position)
-            else:
+            elif step < last or self.policy == "error":  # keep-all keeps a repeat of the last step
                 what = "duplicate" if step == last else "decreasing"
                 hint = ("pass --on-disorder keep-last to drop the points the restarted run logged again, "
                         "as TensorBoard does" if step < last else
