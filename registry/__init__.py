@@ -13,25 +13,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import RegistryError
+from registry.errors import RegistryError
 
 if TYPE_CHECKING:
-    from .series import SeriesData
-    from .store import Registry, RegistrationResult, RunHandle, open_registry
+    from registry.series import SeriesData
+    from registry.store import Registry, RegistrationResult, RunHandle, open_registry
 
 __all__ = ["Registry", "RegistrationResult", "RegistryError", "RunHandle", "SeriesData", "open_registry"]
 
 # Imported on first use: the store pulls in SQLAlchemy and Alembic (~0.5 s), which `rlreg --help`
 # and every other command that never opens a registry should not pay for.
-_LAZY = {"SeriesData": ".series", "Registry": ".store", "RegistrationResult": ".store", "RunHandle": ".store",
-         "open_registry": ".store"}
+_LAZY = {"SeriesData": "registry.series", "Registry": "registry.store", "RegistrationResult": "registry.store",
+         "RunHandle": "registry.store", "open_registry": "registry.store"}
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'registry' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

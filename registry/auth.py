@@ -26,9 +26,9 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from .errors import InputError, NotFoundError, RegistryError
-from .models import ApiToken, User, UserSession, utcnow
-from .store import Registry
+from registry.errors import InputError, NotFoundError, RegistryError
+from registry.models import ApiToken, User, UserSession, utcnow
+from registry.store import Registry
 
 TOKEN_PREFIX = "rlr_"
 MIN_PASSWORD_LENGTH = 8

@@ -31,11 +31,11 @@ from typing import Any, Iterable, Mapping
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from .config_semantics import config_effect
-from .dictionary import alias_to_dict, definition_to_dict
-from .errors import InputError
-from .models import MetricDefinition
-from .semantics import SEMANTIC_FIELDS
+from registry.config_semantics import config_effect
+from registry.dictionary import alias_to_dict, definition_to_dict
+from registry.errors import InputError
+from registry.models import MetricDefinition
+from registry.semantics import SEMANTIC_FIELDS
 
 FRAMEWORK_NAMES = {
     "sb3": "stable-baselines3", "stable_baselines3": "stable-baselines3", "stable-baselines3": "stable-baselines3",

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .binding import binding_summary, describe_binding, provenance_caption
-from .errors import AlreadyRegisteredError, InputError, RegistryError
-from .jsonsafe import json_safe
-from .series import DEFAULT_ORDER_POLICY, ORDER_POLICIES
+from registry.binding import binding_summary, describe_binding, provenance_caption
+from registry.errors import AlreadyRegisteredError, InputError, RegistryError
+from registry.jsonsafe import json_safe
+from registry.series import DEFAULT_ORDER_POLICY, ORDER_POLICIES
 
 # Piped output (files, grep, tests) gets wide tables instead of 80-column folding.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -85,7 +85,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def open_from(ctx: click.Context):  # -> Registry (imported lazily: keeps `rlreg --help` fast)
-    from .store import Registry
+    from registry.store import Registry
 
     if "registry" not in ctx.obj:
         from config import ConfigError, load_limits
@@ -167,18 +167,18 @@ def register(ctx: click.Context, paths: tuple[Path, ...], fmt: str | None, name:
              recursive: bool = False) -> None:
     """Register runs from training logs (TensorBoard dirs, trainer_state.json, verl logs, CSV, JSONL) and
     from trackers' stores (MLflow database or mlruns/, trackio database, W&B run dirs and history exports)."""
-    from .importers.history import sniff_history
-    from .importers.params import load_params_file, merge_params, params_from_assignments
+    from registry.importers.history import sniff_history
+    from registry.importers.params import load_params_file, merge_params, params_from_assignments
 
     hparams = merge_params(load_params_file(params_file) if params_file else {}, params_from_assignments(params))
     semantics = _parse_semantics(semantic_overrides)
     if name and (len(paths) > 1 or recursive):
         raise InputError("--name applies to one run; register several paths without it")
-    from .importers import run_paths
+    from registry.importers import run_paths
 
     reg = open_from(ctx)
     if recursive or fmt in ("mlflow", "trackio", "wandb") or (not fmt and any(sniff_history(p) for p in paths)):
-        from .cli_history import register_many
+        from registry.cli_history import register_many
 
         register_many(reg, paths, fmt=fmt, recursive=recursive, as_json=as_json, quiet=False, options=dict(
             name=name, project=project, algorithm=algorithm, framework=framework, task=task, params=hparams,
@@ -410,7 +410,7 @@ def dictionary() -> None:
 @click.pass_context
 def dictionary_list(ctx: click.Context, layer: str | None, as_json: bool) -> None:
     """Every canonical metric definition, by layer."""
-    from .dictionary import definition_to_dict, list_definitions
+    from registry.dictionary import definition_to_dict, list_definitions
 
     reg = open_from(ctx.find_root())
     with reg.read() as session:
@@ -436,7 +436,7 @@ def dictionary_list(ctx: click.Context, layer: str | None, as_json: bool) -> Non
 @click.pass_context
 def dictionary_show(ctx: click.Context, name: str, as_json: bool) -> None:
     """One definition with its semantics and framework aliases."""
-    from .dictionary import definition_to_dict, get_definition
+    from registry.dictionary import definition_to_dict, get_definition
 
     reg = open_from(ctx.find_root())
     with reg.read() as session:
@@ -481,7 +481,7 @@ def dictionary_show(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.pass_context
 def dictionary_import(ctx: click.Context, path: Path, author: str, note: str, as_json: bool) -> None:
     """Import definitions from YAML or JSON; each changed definition gets a new version."""
-    from .dictionary import import_definitions, read_document
+    from registry.dictionary import import_definitions, read_document
 
     specs = read_document(path)
     reg = open_from(ctx.find_root())
@@ -500,8 +500,8 @@ def dictionary_import(ctx: click.Context, path: Path, author: str, note: str, as
 @click.pass_context
 def dictionary_check_keys(ctx: click.Context, directory: Path, shipped: bool, as_json: bool) -> None:
     """Fail (exit 1) when a key of a pinned key list (DIRECTORY/*.txt) has no alias of its framework."""
-    from .binding import AliasIndex
-    from .keycheck import check_key_lists
+    from registry.binding import AliasIndex
+    from registry.keycheck import check_key_lists
 
     if shipped:
         index = shipped_alias_index()
@@ -524,8 +524,8 @@ def dictionary_check_keys(ctx: click.Context, directory: Path, shipped: bool, as
 def shipped_alias_index():  # -> AliasIndex over the shipped dictionary, in a throwaway SQLite registry
     import tempfile
 
-    from .binding import AliasIndex
-    from .store import Registry
+    from registry.binding import AliasIndex
+    from registry.store import Registry
 
     with tempfile.TemporaryDirectory() as tmp:
         reg = Registry(f"sqlite:///{tmp}/check.db")
@@ -542,7 +542,7 @@ def shipped_alias_index():  # -> AliasIndex over the shipped dictionary, in a th
 @click.pass_context
 def dictionary_export(ctx: click.Context, fmt: str, output: Path | None) -> None:
     """Export the whole dictionary, ready to keep in git and import elsewhere."""
-    from .dictionary import dump_document, export_document
+    from registry.dictionary import dump_document, export_document
 
     reg = open_from(ctx.find_root())
     with reg.read() as session:
@@ -564,7 +564,7 @@ def user() -> None:
 @click.password_option(help="Password (asked for when omitted).")
 @click.pass_context
 def user_create(ctx: click.Context, username: str, password: str) -> None:
-    from .auth import create_user
+    from registry.auth import create_user
 
     create_user(open_from(ctx.find_root()), username, password)
     click.echo(f"created user {username}")
@@ -575,7 +575,7 @@ def user_create(ctx: click.Context, username: str, password: str) -> None:
 @click.pass_context
 def user_disable(ctx: click.Context, username: str) -> None:
     """Stop a user: their tokens and web sessions stop working at once (nothing is deleted)."""
-    from .auth import set_user_disabled
+    from registry.auth import set_user_disabled
 
     set_user_disabled(open_from(ctx.find_root()), username, True)
     click.echo(f"disabled user {username}: their tokens and sessions no longer work")
@@ -586,7 +586,7 @@ def user_disable(ctx: click.Context, username: str) -> None:
 @click.pass_context
 def user_enable(ctx: click.Context, username: str) -> None:
     """Let a disabled user in again (their unrevoked tokens work again; they log in anew)."""
-    from .auth import set_user_disabled
+    from registry.auth import set_user_disabled
 
     set_user_disabled(open_from(ctx.find_root()), username, False)
     click.echo(f"enabled user {username}")
@@ -598,7 +598,7 @@ def user_enable(ctx: click.Context, username: str) -> None:
 @click.pass_context
 def user_password(ctx: click.Context, username: str, password: str) -> None:
     """Change a user's password; every web session of theirs ends."""
-    from .auth import set_password
+    from registry.auth import set_password
 
     ended = set_password(open_from(ctx.find_root()), username, password)
     click.echo(f"changed the password of {username}; ended {ended} session(s)")
@@ -608,7 +608,7 @@ def user_password(ctx: click.Context, username: str, password: str) -> None:
 @json_option
 @click.pass_context
 def user_list(ctx: click.Context, as_json: bool) -> None:
-    from .auth import list_users
+    from registry.auth import list_users
 
     rows = list_users(open_from(ctx.find_root()))
     if as_json:
@@ -636,7 +636,7 @@ def token() -> None:
 @click.pass_context
 def token_create(ctx: click.Context, username: str, name: str, scope: str) -> None:
     """Create a token; its secret is printed once and never stored."""
-    from .auth import create_token
+    from registry.auth import create_token
 
     secret = create_token(open_from(ctx.find_root()), username, name, scope)
     click.echo(secret)
@@ -648,7 +648,7 @@ def token_create(ctx: click.Context, username: str, name: str, scope: str) -> No
 @click.option("--name", required=True)
 @click.pass_context
 def token_revoke(ctx: click.Context, username: str, name: str) -> None:
-    from .auth import revoke_token
+    from registry.auth import revoke_token
 
     revoke_token(open_from(ctx.find_root()), username, name)
     click.echo(f"revoked token {name!r} of {username}")
@@ -658,7 +658,7 @@ def token_revoke(ctx: click.Context, username: str, name: str) -> None:
 @json_option
 @click.pass_context
 def token_list(ctx: click.Context, as_json: bool) -> None:
-    from .auth import list_tokens
+    from registry.auth import list_tokens
 
     rows = list_tokens(open_from(ctx.find_root()))
     if as_json:
@@ -683,7 +683,7 @@ def export_cmd(ctx: click.Context, path: Path, force: bool, without_credentials:
     """Write the whole registry to one file: runs, series, outcomes, the dictionary with its history,
     baselines, findings, embeddings, and (unless --without-credentials) users' password hashes and
     token hashes. It ends with a manifest (rows and a checksum per table) that import verifies."""
-    from .transfer import export_registry
+    from registry.transfer import export_registry
 
     counts = export_registry(open_from(ctx), path, overwrite=force, without_credentials=without_credentials)
     click.echo(f"wrote {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
@@ -700,7 +700,7 @@ def export_cmd(ctx: click.Context, path: Path, force: bool, without_credentials:
 @click.pass_context
 def import_cmd(ctx: click.Context, path: Path) -> None:
     """Load an export into a new, empty registry (SQLite or PostgreSQL), in one transaction."""
-    from .transfer import import_registry
+    from registry.transfer import import_registry
 
     counts = import_registry(open_from(ctx), path)
     click.echo(f"imported {path}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n))
@@ -713,7 +713,7 @@ def import_cmd(ctx: click.Context, path: Path) -> None:
 @click.pass_context
 def diagnose(ctx: click.Context, run: str, no_baseline: bool, as_json: bool) -> None:
     """Where did this run go wrong? Findings in triage order, joint readings, rollback point."""
-    from .health import diagnose_run
+    from registry.health import diagnose_run
 
     result = diagnose_run(open_from(ctx), run, use_baseline=not no_baseline)
     if as_json:
@@ -776,7 +776,7 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
             anywhere: bool, k: int, align: str, normalize: str, where: str | None, same_task: bool, same_project: bool,
             same_algorithm: bool, outcomes: tuple[str, ...], as_json: bool) -> None:
     """Which past runs looked like this one, and how did they end?"""
-    from .similarity import find_similar_for_run
+    from registry.similarity import find_similar_for_run
 
     span = None
     if window:
@@ -823,8 +823,8 @@ def similar(ctx: click.Context, run: str, metrics: str | None, prefix: str | Non
 @click.pass_context
 def reindex(ctx: click.Context, as_json: bool) -> None:
     """Recompute every run's similarity embeddings (after an upgrade, a method change, or installing pgvector)."""
-    from .similarity import pgvector_status, rebuild_embeddings
-    from .similarity.index import NEEDS_SUPERUSER, NOT_ENABLED_HINT
+    from registry.similarity import pgvector_status, rebuild_embeddings
+    from registry.similarity.index import NEEDS_SUPERUSER, NOT_ENABLED_HINT
 
     reg = open_from(ctx)
     report = rebuild_embeddings(reg)
@@ -857,8 +857,8 @@ def baseline() -> None:
 def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author: str, allow_weak: bool,
                    as_json: bool) -> None:
     """Learn (or re-learn) the baseline profile of TASK and store it."""
-    from .diagnosis.baseline import baseline_strength
-    from .health import build_task_baseline
+    from registry.diagnosis.baseline import baseline_strength
+    from registry.health import build_task_baseline
 
     profile = build_task_baseline(open_from(ctx.find_root()), task, list(runs) or None, author=author,
                                   allow_weak=allow_weak)
@@ -875,7 +875,7 @@ def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author:
 @click.pass_context
 def baseline_show(ctx: click.Context, task: str, as_json: bool) -> None:
     """The baseline table: metric, early range, mid range, warning signal."""
-    from .health import require_baseline
+    from registry.health import require_baseline
 
     profile, meta = require_baseline(open_from(ctx.find_root()), task)
     if as_json:
@@ -901,7 +901,7 @@ def baseline_show(ctx: click.Context, task: str, as_json: bool) -> None:
 @click.option("--shared-data", type=click.Path(path_type=Path), help="Directory of real TensorBoard runs to add.")
 def demo(demo_db: str, host: str, port: int, serve: bool, shared_data: Path | None) -> None:
     """Fill a SQLite registry with realistic PPO and GRPO runs, then serve the UI on 127.0.0.1."""
-    from .demo import build_demo
+    from registry.demo import build_demo
 
     url = f"sqlite:///{Path(demo_db).resolve()}"
     Path(demo_db).resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -913,7 +913,7 @@ def demo(demo_db: str, host: str, port: int, serve: bool, shared_data: Path | No
 
 def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -> None:
     try:
-        from .web import server
+        from registry.web import server
     except ImportError:
         click.echo("the web UI is not part of this build; the registry is ready for the CLI and Python API")
         return
@@ -944,13 +944,13 @@ def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, workers: int, threads: int, serve_db: str | None) -> None:
     """Serve the web UI and JSON API (127.0.0.1 by default)."""
-    from .db import default_database_url
+    from registry.db import default_database_url
 
     _serve(serve_db or ctx.obj["db_url"] or default_database_url(), host, port, workers, threads)
 
 
 # Defined in its own module (it needs the helpers above): following growing logs and spool files.
-from .cli_follow import follow  # noqa: E402
+from registry.cli_follow import follow  # noqa: E402
 
 cli.add_command(follow)
 

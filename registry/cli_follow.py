@@ -33,9 +33,9 @@ def follow(ctx: click.Context, path: Path, spool: bool, name: str | None, projec
     """Follow a verl console log or verl file-backend JSONL into a run while it is written
     (tail; resume after a restart without duplicating points), or with --spool upload a spooled run."""
     # Imported here, not at the top: registry.cli imports this module, also when run as ``python -m``.
-    from .cli import _parse_semantics, console, echo_json, err_console
-    from .integrations import spool as spool_io
-    from .integrations.targets import LocalTarget
+    from registry.cli import _parse_semantics, console, echo_json, err_console
+    from registry.integrations import spool as spool_io
+    from registry.integrations.targets import LocalTarget
 
     if spool:
         target = LocalTarget(ctx.obj["db_url"])
@@ -47,8 +47,8 @@ def follow(ctx: click.Context, path: Path, spool: bool, name: str | None, projec
             console.print(f"uploaded run {header['spec']['name']} ({header['spec']['run_id'][:12]}) from {path}: "
                           f"{counts['batches']} batches, {counts['points']:,} points", highlight=False)
         return
-    from .follow import Follower
-    from .importers.params import load_params_file, merge_params, params_from_assignments
+    from registry.follow import Follower
+    from registry.importers.params import load_params_file, merge_params, params_from_assignments
 
     hparams = merge_params(load_params_file(params_file) if params_file else {}, params_from_assignments(params))
     follower = Follower(path, ctx.obj["db_url"], name=name, project=project, algorithm=algorithm, task=task,

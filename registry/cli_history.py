@@ -13,10 +13,10 @@ from typing import Any, Iterator
 
 import click
 
-from .cli import console, echo_json, err_console
-from .errors import AlreadyRegisteredError, InputError, RegistryError, UnknownFormatError
-from .importers.detect import detect_format
-from .importers.history import HistoryRun, iter_history, register_history, sniff_history
+from registry.cli import console, echo_json, err_console
+from registry.errors import AlreadyRegisteredError, InputError, RegistryError, UnknownFormatError
+from registry.importers.detect import detect_format
+from registry.importers.history import HistoryRun, iter_history, register_history, sniff_history
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -29,7 +29,7 @@ def find_candidates(root: Path) -> Iterator[Path]:
     none when the output directory has its own ``trainer_state.json`` (each holds the history
     so far: reading them all would register one run many times).
     """
-    from .importers import IMPORTERS, tensorboard
+    from registry.importers import IMPORTERS, tensorboard
 
     if _is_run_dir(root, tensorboard):
         yield root
@@ -104,7 +104,7 @@ def register_many(reg: Any, paths: tuple[Path, ...], *, fmt: str | None, recursi
 
 def _one_history_run(reg: Any, run: HistoryRun, options: dict[str, Any], results: list, skipped: list,
                      failed: list, as_json: bool) -> None:
-    from .cli import _print_registration
+    from registry.cli import _print_registration
 
     history_options = {k: v for k, v in options.items() if k in (
         "name", "project", "algorithm", "framework", "task", "params", "tags", "code_version", "semantics")}
@@ -123,7 +123,7 @@ def _one_history_run(reg: Any, run: HistoryRun, options: dict[str, Any], results
 
 def _one_file(reg: Any, path: Path, fmt: str | None, options: dict[str, Any], results: list, skipped: list,
               failed: list, as_json: bool) -> None:
-    from .cli import _print_registration
+    from registry.cli import _print_registration
 
     file_options = {k: v for k, v in options.items() if k in (
         "name", "project", "algorithm", "framework", "task", "params", "tags", "code_version", "semantics")}

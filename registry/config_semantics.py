@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import InputError
-from .semantics import ENUMS, SEMANTIC_FIELDS
+from registry.errors import InputError
+from registry.semantics import ENUMS, SEMANTIC_FIELDS
 
 RULES_FORMAT = "rlregistry-config-semantics"
 

@@ -20,10 +20,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import AlreadyRegisteredError, RegistryError
-from .importers.params import load_params_file
-from .series import SeriesData
-from .store import Registry
+from registry.errors import AlreadyRegisteredError, RegistryError
+from registry.importers.params import load_params_file
+from registry.series import SeriesData
+from registry.store import Registry
 
 # Logged points per run: long enough for realistic curves, short enough to build in seconds.
 DEMO_POINTS = {"grpo": 1500, "ppo": 600}
@@ -116,7 +116,7 @@ def demo_outcome(run: Any) -> tuple[str, float, float, str]:
     the start of the run and lost nothing from its peak is a success too, as an engineer
     reading the curve would call it.
     """
-    from .synthetic import TASKS
+    from registry.synthetic import TASKS
 
     out = run.outcome
     if out.verdict != "inconclusive":
@@ -137,7 +137,7 @@ def _checked_verdict(reg: Registry, run_id: str, verdict: str, reason: str) -> t
     an engineer reading the dashboard would call that run inconclusive, not a success."""
     if verdict != "success":
         return verdict, reason
-    from .health import current_findings
+    from registry.health import current_findings
 
     found = current_findings(reg, run_id)
     if not found.n_critical:
@@ -195,7 +195,7 @@ def build_demo(url: str, shared_data: Path | None = None, echo: Callable[[str], 
     Returns the closing message: what was added, how to point the CLI at this registry, and
     three pages to open first.
     """
-    from .synthetic import generate_run
+    from registry.synthetic import generate_run
 
     reg = Registry(url)
     definitions = reg.definitions_by_name()
@@ -290,7 +290,7 @@ def _nearest(source: Path, root: Path, name: str) -> Path | None:
 
 def _build_baselines(reg: Registry, echo: Callable[[str], None]) -> list[str]:
     """A health baseline for each demo task, learned from its healthy seeds."""
-    from .health import build_task_baseline
+    from registry.health import build_task_baseline
 
     built = []
     for project, _, _, task, kinds in PROJECTS:

@@ -18,10 +18,10 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from .errors import DefinitionError, InputError, NotFoundError
-from .importers.params import Yaml12Loader
-from .models import DefinitionVersion, MetricAlias, MetricDefinition, utcnow
-from .semantics import AVERAGING, ENUMS, KL_ESTIMATORS, LOGGING_POINTS, NORMALIZATION_AXES, check_enum
+from registry.errors import DefinitionError, InputError, NotFoundError
+from registry.importers.params import Yaml12Loader
+from registry.models import DefinitionVersion, MetricAlias, MetricDefinition, utcnow
+from registry.semantics import AVERAGING, ENUMS, KL_ESTIMATORS, LOGGING_POINTS, NORMALIZATION_AXES, check_enum
 
 DOCUMENT_FORMAT = "rlregistry-dictionary"
 FRAMEWORKS = ("verl", "trl", "openrlhf", "stable-baselines3", "cleanrl", "custom")

@@ -23,8 +23,8 @@ from typing import Any
 from lark import Lark, Token, Transformer, Tree, UnexpectedInput, v_args
 from sqlalchemy import ColumnElement, and_, exists, func, not_, or_, select, true
 
-from .errors import FilterSyntaxError, InputError
-from .models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series
+from registry.errors import FilterSyntaxError, InputError
+from registry.models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series
 
 MAX_FILTER_LENGTH = 2000
 MAX_FILTER_DEPTH = 20  # nested not / and / or / parentheses; real filters use 2-4

@@ -25,13 +25,13 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import DBAPIError
 
-from .db import READ_ONLY_OPTION
-from .diagnosis import BaselineProfile, Curve, Diagnosis, build_baseline, diagnose, metric_infos_from_definitions
-from .diagnosis.baseline import MIN_HEALTHY_RUNS, PhaseBand
-from .diagnosis.hyperparams import settings_for_baseline
-from .errors import InputError, NotFoundError
-from .models import HealthBaseline, MetricDefinition, Run, RunFindings, utcnow
-from .store import Registry
+from registry.db import READ_ONLY_OPTION
+from registry.diagnosis import BaselineProfile, Curve, Diagnosis, build_baseline, diagnose, metric_infos_from_definitions
+from registry.diagnosis.baseline import MIN_HEALTHY_RUNS, PhaseBand
+from registry.diagnosis.hyperparams import settings_for_baseline
+from registry.errors import InputError, NotFoundError
+from registry.models import HealthBaseline, MetricDefinition, Run, RunFindings, utcnow
+from registry.store import Registry
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ def estimated_seconds(points: int) -> float:
 
 
 def _mapped_points(registry: Registry, run_ids: Sequence[str]) -> dict[str, int]:
-    from .models import Series
+    from registry.models import Series
 
     with registry.read() as session:
         rows = session.execute(select(Series.run_id, func.sum(Series.count)).where(

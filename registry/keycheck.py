@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .binding import AliasIndex, AmbiguousKeyError, BindingContext, normalize_framework
-from .errors import InputError
+from registry.binding import AliasIndex, AmbiguousKeyError, BindingContext, normalize_framework
+from registry.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import LimitExceededError
+from registry.errors import LimitExceededError
 
 INT64 = 2**63
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from .series import SeriesData
+from registry.series import SeriesData
 
 SUMMARY_NAMES = (
     "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",

@@ -26,8 +26,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import InputError, StepOrderError
-from .importers.base import Point
+from registry.errors import InputError, StepOrderError
+from registry.importers.base import Point
 
 ORDER_POLICIES = ("keep-all", "keep-last", "error")
 DEFAULT_ORDER_POLICY = "keep-all"

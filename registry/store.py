@@ -17,15 +17,15 @@ import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
-from . import codec, migrate
-from .binding import AliasIndex, Binding, BindingContext, normalize_framework, split_framework
-from .db import default_database_url, make_engine, make_session_factory
-from .dictionary import ensure_default_dictionary
-from .errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
-from .errors import LimitExceededError
-from .hparams import flatten, iter_typed, restore_value
-from .limits import DEFAULT_LIMITS, Limits
-from .models import (
+from registry import codec, migrate
+from registry.binding import AliasIndex, Binding, BindingContext, normalize_framework, split_framework
+from registry.db import default_database_url, make_engine, make_session_factory
+from registry.dictionary import ensure_default_dictionary
+from registry.errors import AlreadyRegisteredError, InputError, NotFoundError, RegistryError
+from registry.errors import LimitExceededError
+from registry.hparams import flatten, iter_typed, restore_value
+from registry.limits import DEFAULT_LIMITS, Limits
+from registry.models import (
     RUN_STATUSES,
     VERDICTS,
     Checkpoint,
@@ -39,9 +39,9 @@ from .models import (
     SeriesChunk,
     utcnow,
 )
-from .run_summary import split_run_summary
-from .semantics import SEMANTIC_FIELDS, check_enum
-from .series import DEFAULT_ORDER_POLICY, SeriesBuilder, SeriesData, check_batch, summarize
+from registry.run_summary import split_run_summary
+from registry.semantics import SEMANTIC_FIELDS, check_enum
+from registry.series import DEFAULT_ORDER_POLICY, SeriesBuilder, SeriesData, check_batch, summarize
 
 # Points per stored chunk: a 100k-point curve is two rows; streamed appends are compacted
 # back into chunks of this size once a series has collected many small ones.
@@ -377,7 +377,7 @@ class Registry:
         progress: Callable[[int], None] | None = None,
     ) -> RegistrationResult:
         """Register one run from a training log (TensorBoard dir, trainer_state.json, verl log, CSV, JSONL)."""
-        from .importers import fingerprint, open_source
+        from registry.importers import fingerprint, open_source
 
         self.limits.check_line_lengths(Path(path))
         try:
@@ -404,7 +404,7 @@ class Registry:
         data, summary = split_run_summary(builder.build())
         if not data:
             raise InputError("no metric points found", str(path))
-        from .importers.params import merge_params
+        from registry.importers.params import merge_params
 
         merged_params = merge_params(source.params, dict(params or {}))
         warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
@@ -463,7 +463,7 @@ class Registry:
         registered are deleted again, so the registry is left as it was, and the error names the run.
         A run already registered is an error as for ``register`` (``replace=True`` re-registers).
         """
-        from .importers import run_paths
+        from registry.importers import run_paths
 
         paths = run_paths(Path(path), format)
         if len(paths) == 1:
@@ -671,7 +671,7 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Runs matching the filters (``where`` in the filter language), and the total match count."""
-        from .filters import compile_filter, hyperparameter_fields, sort_keys
+        from registry.filters import compile_filter, hyperparameter_fields, sort_keys
 
         query = select(Run)
         conditions = []
@@ -703,7 +703,7 @@ class Registry:
         the keys it may have meant, instead of answering with an empty list."""
         if not keys:
             return
-        from .filters import suggest_params
+        from registry.filters import suggest_params
 
         with self.read() as session:
             present = set(session.scalars(select(RunParam.key).where(RunParam.key.in_(list(keys))).distinct()))
@@ -719,7 +719,7 @@ class Registry:
                          + (f"; did you mean {', '.join(hint)}?" if hint else ""))
 
     def definitions_by_name(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        from .dictionary import definition_to_dict, list_definitions
+        from registry.dictionary import definition_to_dict, list_definitions
 
         with self.read() as session:
             return {d.name: definition_to_dict(d) for d in list_definitions(session) if not names or d.name in names}
@@ -750,7 +750,7 @@ def read_series_chunks(session: Session, series_id: int) -> SeriesData:
 
 def _refresh_embeddings(session: Session, run_id: str) -> None:
     """Keep the similar-run search's shape embeddings current, in the same transaction."""
-    from .similarity import refresh_embeddings
+    from registry.similarity import refresh_embeddings
 
     refresh_embeddings(session, run_id)
 
@@ -761,7 +761,7 @@ def _refresh_findings(registry: Registry, run_id: str) -> None:
     A failure is logged, never raised: the registration stands, and the run is diagnosed
     when it is next read (``registry.health``).
     """
-    from .health import refresh_findings
+    from registry.health import refresh_findings
 
     try:
         refresh_findings(registry, run_id)
@@ -928,7 +928,7 @@ def resolve_framework(
     Declared beats the input format's own hint, which beats detection from the keys; the
     algorithm used to pick per-algorithm aliases is declared, else named by the config, else detected.
     """
-    from .config_semantics import algorithm_from_config
+    from registry.config_semantics import algorithm_from_config
 
     info = _declared_binding_info(declared, declared_algorithm)
     detection = index.detect(keys)

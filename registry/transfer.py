@@ -34,10 +34,10 @@ from typing import Any, Callable, Iterator
 from sqlalchemy import Table, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from .errors import InputError, RegistryError
-from .migrate import current_revision
-from .models import Base, DefinitionVersion, Run
-from .store import Registry
+from registry.errors import InputError, RegistryError
+from registry.migrate import current_revision
+from registry.models import Base, DefinitionVersion, Run
+from registry.store import Registry
 
 EXPORT_FORMAT = "rlregistry-export"
 EXPORT_VERSION = 2  # 2: the manifest line at the end

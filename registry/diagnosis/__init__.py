@@ -11,12 +11,12 @@ Public API::
 Every tunable is in :class:`DiagnosisSettings`; the detector -> canonical metric table is
 :data:`METRIC_ROLES`.
 """
-from .baseline import BaselineProfile, MetricBaseline, PhaseBand, build_baseline
-from .detectors import DETECTOR_IDS
-from .dictionary import metric_infos_from_definitions
-from .engine import check_baseline, diagnose, joint_readings
-from .settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
-from .types import Curve, Diagnosis, Finding, JointReading, MetricInfo, TriageStep
+from registry.diagnosis.baseline import BaselineProfile, MetricBaseline, PhaseBand, build_baseline
+from registry.diagnosis.detectors import DETECTOR_IDS
+from registry.diagnosis.dictionary import metric_infos_from_definitions
+from registry.diagnosis.engine import check_baseline, diagnose, joint_readings
+from registry.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
+from registry.diagnosis.types import Curve, Diagnosis, Finding, JointReading, MetricInfo, TriageStep
 
 __all__ = [
     "BaselineProfile", "Curve", "DEFAULT_SETTINGS", "DETECTOR_IDS", "Diagnosis", "DiagnosisSettings", "Finding",

@@ -24,8 +24,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .signal import noise_sigma
-from .types import Curve
+from registry.diagnosis.signal import noise_sigma
+from registry.diagnosis.types import Curve
 
 PROFILE_FORMAT = "rlregistry-baseline"
 PROFILE_VERSION = 1

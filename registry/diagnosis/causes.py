@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .context import Context
-from .hyperparams import RunSettings, Setting
-from .types import Finding
+from registry.diagnosis.context import Context
+from registry.diagnosis.hyperparams import RunSettings, Setting
+from registry.diagnosis.types import Finding
 
 #: Support at or above which a cause is named as *the* cause and drives the action.
 NAMED_SUPPORT = 0.5

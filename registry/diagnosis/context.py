@@ -6,9 +6,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .settings import DEFAULT_LAYERS, FIRST_ONLY_ROLES, METRIC_ROLES, DiagnosisSettings
-from .signal import Series, early_count, prepare
-from .types import Curve, Finding, MetricInfo
+from registry.diagnosis.settings import DEFAULT_LAYERS, FIRST_ONLY_ROLES, METRIC_ROLES, DiagnosisSettings
+from registry.diagnosis.signal import Series, early_count, prepare
+from registry.diagnosis.types import Curve, Finding, MetricInfo
 
 
 LLM_METRICS = frozenset({"response_length_mean", "reward_sequence_mean", "reward_accuracy_mean",

@@ -10,11 +10,11 @@ from typing import Callable
 
 import numpy as np
 
-from .context import Context
-from .extra_detectors import EXTRA_DETECTORS
-from .signal import (mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
+from registry.diagnosis.context import Context
+from registry.diagnosis.extra_detectors import EXTRA_DETECTORS
+from registry.diagnosis.signal import (mad_sigma, merge_close, noise_sigma, rank_corr, rolling_median, runs,
                      shift, window_ends)
-from .types import Finding
+from registry.diagnosis.types import Finding
 
 TINY = 1e-12
 

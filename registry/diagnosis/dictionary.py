@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ..dictionary import healthy_range_for
-from .types import MetricInfo
+from registry.dictionary import healthy_range_for
+from registry.diagnosis.types import MetricInfo
 
 
 def metric_infos_from_definitions(definitions: Iterable[Mapping[str, Any]], task: str | None = None

@@ -5,13 +5,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .baseline import BaselineProfile, baseline_strength, is_health_metric
-from .causes import NAMED_SUPPORT, RANK_ORDER, Cause, apply_uninformative, finding_confidence, rank_causes
-from .context import Context
-from .detectors import DETECTORS
-from .hyperparams import read_settings
-from .settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
-from .types import LAYER_RANK, SEVERITY_RANK, Curve, Diagnosis, Finding, JointReading, MetricInfo, TriageStep
+from registry.diagnosis.baseline import BaselineProfile, baseline_strength, is_health_metric
+from registry.diagnosis.causes import NAMED_SUPPORT, RANK_ORDER, Cause, apply_uninformative, finding_confidence, rank_causes
+from registry.diagnosis.context import Context
+from registry.diagnosis.detectors import DETECTORS
+from registry.diagnosis.hyperparams import read_settings
+from registry.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
+from registry.diagnosis.types import LAYER_RANK, SEVERITY_RANK, Curve, Diagnosis, Finding, JointReading, MetricInfo, TriageStep
 
 #: What each role's detectors check, for the summary's "checked:" list.
 ROLE_CHECKS = {

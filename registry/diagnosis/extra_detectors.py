@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import Context
-from .signal import rank_corr, rolling_median, runs
-from .types import Finding
+from registry.diagnosis.context import Context
+from registry.diagnosis.signal import rank_corr, rolling_median, runs
+from registry.diagnosis.types import Finding
 
 
 def detect_truncation(ctx: Context) -> list[Finding]:

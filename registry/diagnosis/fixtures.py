@@ -12,12 +12,12 @@ from typing import Mapping
 
 import numpy as np
 
-from .dictionary import metric_infos_from_definitions
-from .types import Curve, MetricInfo
+from registry.diagnosis.dictionary import metric_infos_from_definitions
+from registry.diagnosis.types import Curve, MetricInfo
 
 @lru_cache(maxsize=1)
 def _default_definitions() -> tuple:
-    from ..dictionary import default_dictionary_text, parse_document
+    from registry.dictionary import default_dictionary_text, parse_document
 
     return tuple(parse_document(default_dictionary_text(), "default_dictionary.yaml"))
 
@@ -49,7 +49,7 @@ def framework_keys(framework: str) -> dict[str, tuple[str, float]]:
 def load_sb3_run(run_dir: str | Path) -> dict[str, Curve]:
     """Canonical curves of one SB3 TensorBoard run directory, read by the real importer and
     mapped (entropy's sign flipped) by the dictionary's stable-baselines3 aliases."""
-    from ..importers import open_source
+    from registry.importers import open_source
 
     keys = framework_keys("stable-baselines3")
     points: dict[str, list[tuple[int, float]]] = {}

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .types import Curve
+from registry.diagnosis.types import Curve
 
 KNOBS = ("learning_rate", "clip_range", "ent_coef", "n_epochs", "kl_coef", "group_size",
          "max_response_length", "target_kl")

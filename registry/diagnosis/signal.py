@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .types import Curve
+from registry.diagnosis.types import Curve
 
 MAD_TO_SIGMA = 1.4826
 

@@ -42,10 +42,10 @@ Embeddings (``index``) are kept current by ``refresh_embeddings(session, run_id)
 the store calls after each write, and recomputed for a new ``EMBEDDING_VERSION`` by
 ``rebuild_embeddings(registry)``.
 """
-from .features import EMBEDDING_VERSION, compute_features
-from .index import pgvector_status, rebuild_embeddings, refresh_embeddings
-from .result import Neighbour, SimilarResult
-from .search import brute_force, find_similar, find_similar_for_run, resolve_metrics
+from registry.similarity.features import EMBEDDING_VERSION, compute_features
+from registry.similarity.index import pgvector_status, rebuild_embeddings, refresh_embeddings
+from registry.similarity.result import Neighbour, SimilarResult
+from registry.similarity.search import brute_force, find_similar, find_similar_for_run, resolve_metrics
 
 __all__ = [
     "EMBEDDING_VERSION", "Neighbour", "SimilarResult", "brute_force", "compute_features", "find_similar",

@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from ..errors import InputError
-from . import features as F
-from . import index as X
-from .search import (
+from registry.errors import InputError
+from registry.similarity import features as F
+from registry.similarity import index as X
+from registry.similarity.search import (
     DTW_WINDOW, PAA_WINDOW, Portion, QueryMetric, _candidate_grids, _dtw_block, _Eligible, _gather, _row_features,
 )
 

@@ -31,9 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ..models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
-from ..store import read_series_chunks
-from . import features as F
+from registry.models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
+from registry.store import read_series_chunks
+from registry.similarity import features as F
 
 GROWTH = 1.05
 GRID_PRELOAD_ROWS = 60_000

@@ -5,7 +5,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..jsonsafe import json_safe
+from registry.jsonsafe import json_safe
 
 VERDICT_VERBS = {
     "success": "succeeded", "failed": "failed", "diverged": "diverged", "inconclusive": "were inconclusive",

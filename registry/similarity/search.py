@@ -53,13 +53,13 @@ from dtaidistance import dtw, dtw_ndim
 from sqlalchemy import ARRAY, String, any_, bindparam, case, func, or_, select, text
 from sqlalchemy.orm import Session, selectinload
 
-from ..errors import InputError
-from ..models import CurveEmbedding, MetricDefinition, Run, Series
-from ..semantics import semantic_differences
-from ..store import read_series_chunks
-from . import features as F
-from . import index as X
-from .result import Neighbour, SimilarResult, summarize
+from registry.errors import InputError
+from registry.models import CurveEmbedding, MetricDefinition, Run, Series
+from registry.semantics import semantic_differences
+from registry.store import read_series_chunks
+from registry.similarity import features as F
+from registry.similarity import index as X
+from registry.similarity.result import Neighbour, SimilarResult, summarize
 
 DTW_WINDOW = max(1, round(0.1 * F.GRID))
 MIN_CANDIDATES = 200
@@ -459,7 +459,7 @@ def _load_query(session: Session, run: Run) -> tuple[dict[str, dict[str, Any]], 
         a = available.setdefault(r.name, {"quantity": r.quantity, "layer": r.layer, "count": r.count, "keys": [],
                                           "series_id": r.id, "sign": r.sign, "semantics": r.semantics or {}})
         a["keys"].append(r.key)
-    from ..hparams import restore_value
+    from registry.hparams import restore_value
 
     params = {p.key: restore_value(p.value_type, p.num_value, p.text_value) for p in run.params}
     return available, params
@@ -467,7 +467,7 @@ def _load_query(session: Session, run: Run) -> tuple[dict[str, dict[str, Any]], 
 
 def _filters(run: Run, where: str | None, same_task: bool, same_project: bool, same_algorithm: bool,
              outcome: Any) -> list[Any]:
-    from ..filters import compile_filter
+    from registry.filters import compile_filter
 
     conds: list[Any] = []
     if where:
@@ -956,7 +956,7 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         n_half = n_paa = 0
         buf = None
         if anywhere:
-            from .anywhere import search_anywhere
+            from registry.similarity.anywhere import search_anywhere
 
             el, ranked, computed, buf, C = search_anywhere(session, corpus, el, qms, qgrid, qpaa, portion, first,
                                                            normalize, scales, wvec, k, exact, excluded, counts)
@@ -1081,7 +1081,7 @@ def _fetch_candidate_grids(session: Session, corpus: X.Corpus, el: _Eligible, ca
 def _neighbours(session: Session, corpus: X.Corpus, el: _Eligible, cand: np.ndarray, ranked: list[tuple[float, int]],
                 qms: list[QueryMetric], qgrid: np.ndarray, xs: np.ndarray, portion: Portion,
                 qparams: dict[str, Any], wvec: np.ndarray) -> list[Neighbour]:
-    from ..store import run_to_dict
+    from registry.store import run_to_dict
 
     if not ranked:
         return []

@@ -32,11 +32,11 @@ from werkzeug.exceptions import HTTPException
 
 from config import load_settings, secret_key
 
-from ..auth import AuthError
-from ..errors import (AlreadyRegisteredError, FilterSyntaxError, InputError, LimitExceededError, NotFoundError,
+from registry.auth import AuthError
+from registry.errors import (AlreadyRegisteredError, FilterSyntaxError, InputError, LimitExceededError, NotFoundError,
                       RegistryError)
-from ..store import Registry
-from .cache import DEFAULT_MAX_BYTES, PlotCache
+from registry.store import Registry
+from registry.web.cache import DEFAULT_MAX_BYTES, PlotCache
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATE_DIR = PACKAGE_DIR.parents[1] / "templates"
@@ -68,13 +68,13 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
     registry = app.config.get("REGISTRY") or Registry(app.config.get("DATABASE_URL"), limits=app.config["LIMITS"])
     app.extensions["rlregistry"] = registry
-    from .queries import RefMemo
+    from registry.web.queries import RefMemo
 
     app.extensions["rlregistry.refs"] = RefMemo(ttl=float(app.config.get("PLOT_REF_TTL", 2.0)))
     app.extensions["rlregistry.plot_cache"] = PlotCache(
         max_bytes=app.config["PLOT_CACHE_MAX_BYTES"], directory=app.config.get("PLOT_CACHE_DIR"))
 
-    from .security import FailureThrottle, Throttles, require_login_for_reads
+    from registry.web.security import FailureThrottle, Throttles, require_login_for_reads
 
     window = float(app.config["LOGIN_WINDOW_SECONDS"])
     backoff = float(app.config["LOGIN_MAX_BACKOFF_SECONDS"])
@@ -116,7 +116,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
             response.headers.setdefault("Content-Security-Policy", csp)
         return response
 
-    from . import api, api_docs, auth_views, dictionary_views, plot_api, plots, vendor, views, write_api
+    from registry.web import api, api_docs, auth_views, dictionary_views, plot_api, plots, vendor, views, write_api
 
     app.register_blueprint(views.bp)
     app.register_blueprint(dictionary_views.bp)
@@ -204,7 +204,7 @@ def modify_query(**changes: Any) -> str:
 
 
 def _register_template_helpers(app: Flask) -> None:
-    from .security import session_user
+    from registry.web.security import session_user
 
     app.jinja_env.globals["session_user"] = session_user
     app.jinja_env.filters["num"] = format_number

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 from flask import Blueprint, Response, abort, jsonify, request
 
-from ..errors import InputError
-from ..jsonsafe import json_safe
-from . import get_registry, queries
-from .curves import int_arg
-from .downsample import MAX_POINTS, downsample_indices
-from .iplot import step_arg
+from registry.errors import InputError
+from registry.jsonsafe import json_safe
+from registry.web import get_registry, queries
+from registry.web.curves import int_arg
+from registry.web.downsample import MAX_POINTS, downsample_indices
+from registry.web.iplot import step_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -130,7 +130,7 @@ def definition(name: str) -> Response:
 @bp.get("/runs/<ref>/diagnosis")
 def run_diagnosis(ref: str) -> Response:
     """The run's diagnosis on its data as it is now (the stored one when current, else computed)."""
-    from ..health import current_findings
+    from registry.health import current_findings
 
     reg = get_registry()
     with reg.read() as session:
@@ -176,7 +176,7 @@ def _portion_arg(name: str) -> float | int | None:
 @bp.get("/runs/<ref>/similar")
 def run_similar(ref: str) -> Response:
     """The k historical runs whose curves look most like this run's, and how they ended."""
-    from ..similarity import find_similar_for_run
+    from registry.similarity import find_similar_for_run
 
     window = None
     raw_window = (request.args.get("window") or "").strip()
@@ -211,7 +211,7 @@ def _portion_arg_text(raw: str) -> float | int:
 @bp.get("/baselines")
 def baselines() -> Response:
     """Every task that has runs or a baseline, with who built the baseline and when."""
-    from ..health import list_baselines
+    from registry.health import list_baselines
 
     return jsonify({"baselines": clean(list_baselines(get_registry()))})
 
@@ -219,7 +219,7 @@ def baselines() -> Response:
 @bp.get("/baselines/<path:task>")
 def baseline(task: str) -> Response:
     """A task's health baseline: per metric the early and mid bands and the warning signal."""
-    from ..health import baseline_history, require_baseline
+    from registry.health import baseline_history, require_baseline
 
     reg = get_registry()
     profile, meta = require_baseline(reg, task)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from flask import Blueprint, Response, jsonify, render_template, url_for
 
-from .api import OPENAPI_PATH
+from registry.web.api import OPENAPI_PATH
 
 bp = Blueprint("api_docs", __name__, url_prefix="/api")
 

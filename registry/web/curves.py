@@ -15,13 +15,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..dictionary import healthy_range_for
-from ..errors import InputError
-from ..semantics import FIELD_LABELS, SEMANTIC_FIELDS, semantic_differences
-from ..series import SeriesData
-from . import smoothing
-from .downsample import DISPLAY_POINTS, MAX_POINTS, downsample_indices
-from .plotting import PALETTE, SINGLE_RAW, SINGLE_SMOOTH, PlotSpec, Trace
+from registry.dictionary import healthy_range_for
+from registry.errors import InputError
+from registry.semantics import FIELD_LABELS, SEMANTIC_FIELDS, semantic_differences
+from registry.series import SeriesData
+from registry.web import smoothing
+from registry.web.downsample import DISPLAY_POINTS, MAX_POINTS, downsample_indices
+from registry.web.plotting import PALETTE, SINGLE_RAW, SINGLE_SMOOTH, PlotSpec, Trace
 
 DEFAULT_WINDOW = 10
 ALIGNMENTS = ("step", "fraction")

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
-from ..dictionary import FRAMEWORKS, update_definition
-from ..errors import DefinitionError
-from ..semantics import LAYERS
-from . import get_registry, queries
-from .curves import describe_semantics
-from .forms import DefinitionForm
-from .security import admin_access_required, current_user
+from registry.dictionary import FRAMEWORKS, update_definition
+from registry.errors import DefinitionError
+from registry.semantics import LAYERS
+from registry.web import get_registry, queries
+from registry.web.curves import describe_semantics
+from registry.web.forms import DefinitionForm
+from registry.web.security import admin_access_required, current_user
 
 bp = Blueprint("dictionary", __name__, url_prefix="/dictionary")
 

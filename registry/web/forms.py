@@ -12,7 +12,7 @@ from flask_wtf import FlaskForm
 from wtforms import FloatField, IntegerField, SelectField, StringField, TextAreaField
 from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, ValidationError
 
-from ..semantics import AVERAGING, KL_ESTIMATORS, LAYERS, LOGGING_POINTS, NORMALIZATION_AXES, QUANTITIES
+from registry.semantics import AVERAGING, KL_ESTIMATORS, LAYERS, LOGGING_POINTS, NORMALIZATION_AXES, QUANTITIES
 
 
 try:  # WTForms >= 3.3 deprecates (value, label) tuples

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 
 from flask import request, url_for
 
-from ..errors import InputError, NotFoundError
-from ..similarity import find_similar_for_run
-from ..store import Registry
+from registry.errors import InputError, NotFoundError
+from registry.similarity import find_similar_for_run
+from registry.store import Registry
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | 
 
 def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | None:
     """The run's diagnosis in triage order, ready for ``panels/diagnosis.html``."""
-    from ..health import current_findings, get_baseline_meta
+    from registry.health import current_findings, get_baseline_meta
 
     try:
         found = current_findings(registry, run["id"], data_version=run["data_version"], task=run.get("task"))
@@ -246,7 +246,7 @@ def _k(text: str) -> int:
 
 
 def _fmt_value(v: Any) -> str:
-    from . import format_number
+    from registry.web import format_number
 
     return "\u2014" if v is None else format_number(v) if isinstance(v, (int, float)) else str(v)
 
@@ -362,7 +362,7 @@ def _corpus_stamp(registry: Registry) -> tuple:
     """Changes whenever a search could answer differently: embeddings written, runs added, removed or updated."""
     from sqlalchemy import func, select
 
-    from ..models import CurveEmbedding, Run
+    from registry.models import CurveEmbedding, Run
 
     with registry.read() as session:
         return tuple(session.execute(select(
@@ -391,7 +391,7 @@ def _overlay(run: Mapping[str, Any], result: Any, metrics: Sequence[str]) -> dic
     """
     from urllib.parse import urlencode
 
-    from .curves import MAX_COMPARE_RUNS
+    from registry.web.curves import MAX_COMPARE_RUNS
 
     metric = metrics[0]
     ids = [n.run_id for n in result.neighbours]

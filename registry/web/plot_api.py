@@ -12,15 +12,15 @@ from datetime import datetime, timezone
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import func, select
 
-from ..dictionary import healthy_range_for
-from ..errors import InputError
-from ..jsonsafe import json_safe
-from ..models import Series
-from . import get_registry, queries
-from .cache import digest
-from .curves import DEFAULT_WINDOW
-from .iplot import COUNTER_PREFIX, ViewRequest, counter_curve, step_arg, view_data
-from .plots import build_overlay, compare_key, compare_request
+from registry.dictionary import healthy_range_for
+from registry.errors import InputError
+from registry.jsonsafe import json_safe
+from registry.models import Series
+from registry.web import get_registry, queries
+from registry.web.cache import digest
+from registry.web.curves import DEFAULT_WINDOW
+from registry.web.iplot import COUNTER_PREFIX, ViewRequest, counter_curve, step_arg, view_data
+from registry.web.plots import build_overlay, compare_key, compare_request
 
 bp = Blueprint("plot_api", __name__, url_prefix="/api")
 

@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from flask import Blueprint, Response, abort, current_app, request
 
-from ..errors import InputError, NotFoundError
-from . import get_plot_cache, get_registry, queries
-from .cache import digest
-from .curves import (
+from registry.errors import InputError, NotFoundError
+from registry.web import get_plot_cache, get_registry, queries
+from registry.web.cache import digest
+from registry.web.curves import (
     MAX_COMPARE_RUNS,
     CompareOptions,
     SmoothOptions,
@@ -35,8 +35,8 @@ from .curves import (
     prepare,
     run_plot_spec,
 )
-from .plotting import FORMATS, render
-from .smoothing import describe
+from registry.web.plotting import FORMATS, render
+from registry.web.smoothing import describe
 
 bp = Blueprint("plots", __name__, url_prefix="/plots")
 
@@ -129,7 +129,7 @@ def finding_spans(reg: Any, sref: queries.SeriesRef) -> list[Span]:
     memo = span_memo()
     per_metric = memo.get(sref.run_id, sref.data_version)
     if per_metric is None:
-        from ..health import current_findings
+        from registry.health import current_findings
 
         try:
             found = current_findings(reg, sref.run_id, data_version=sref.data_version, task=sref.task)

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 from sqlalchemy import distinct, func, select
 
-from ..dictionary import definition_to_dict, get_definition
-from ..errors import NotFoundError
-from ..models import MetricDefinition, Run, Series
-from ..store import Registry
+from registry.dictionary import definition_to_dict, get_definition
+from registry.errors import NotFoundError
+from registry.models import MetricDefinition, Run, Series
+from registry.store import Registry
 
 
 @dataclass

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 from werkzeug.exceptions import HTTPException
 
-from ..auth import AuthError, Principal, authenticate_token, session_principal
+from registry.auth import AuthError, Principal, authenticate_token, session_principal
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -192,7 +192,7 @@ def current_principal() -> Principal | None:
     """
     if "rlreg_principal" in g:
         return g.rlreg_principal
-    from . import get_registry
+    from registry.web import get_registry
 
     principal = None
     token = bearer_token()
@@ -272,7 +272,7 @@ def access_required(scope: str) -> Callable[[F], F]:
                     current_app.extensions["csrf"].protect()  # raises CSRFError -> 400
             return view(*args, **kwargs)
 
-        from . import csrf
+        from registry.web import csrf
 
         # The wrapper checks CSRF itself (only for session logins), so the global check skips it.
         csrf.exempt(wrapper)

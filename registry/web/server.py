@@ -16,7 +16,7 @@ from typing import Any
 def serve_waitress(url: str, host: str, port: int, threads: int = 8) -> None:
     from waitress import serve
 
-    from . import create_app
+    from registry.web import create_app
 
     app = create_app({"DATABASE_URL": url})
     # Waitress enforces the upload limit itself, before spooling a body to disk.
@@ -27,7 +27,7 @@ def serve_gunicorn(url: str, host: str, port: int, workers: int, threads: int = 
     """gunicorn with ``workers`` processes of ``threads`` threads each (gthread workers)."""
     from gunicorn.app.base import BaseApplication
 
-    from . import create_app
+    from registry.web import create_app
 
     create_app({"DATABASE_URL": url}).extensions["rlregistry"].close()  # settings and schema checked before forking
 

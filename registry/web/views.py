@@ -15,16 +15,16 @@ from flask_wtf import FlaskForm
 from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import Length, Optional, ValidationError
 
-from ..dictionary import healthy_range_for
-from ..errors import FilterSyntaxError, InputError, LimitExceededError, NotFoundError
-from ..filters import ORDERABLE
-from ..health import findings_for_runs
-from ..models import RUN_STATUSES, VERDICTS
-from ..binding import binding_summary, provenance_caption, provenance_lines
-from ..semantics import LAYERS, QUANTITIES
-from . import get_registry, panels, queries
-from .security import admin_access_required
-from .curves import (
+from registry.dictionary import healthy_range_for
+from registry.errors import FilterSyntaxError, InputError, LimitExceededError, NotFoundError
+from registry.filters import ORDERABLE
+from registry.health import findings_for_runs
+from registry.models import RUN_STATUSES, VERDICTS
+from registry.binding import binding_summary, provenance_caption, provenance_lines
+from registry.semantics import LAYERS, QUANTITIES
+from registry.web import get_registry, panels, queries
+from registry.web.security import admin_access_required
+from registry.web.curves import (
     MAX_COMPARE_RUNS,
     NORMALIZATION_LABELS,
     CompareOptions,
@@ -34,7 +34,7 @@ from .curves import (
     describe_semantics,
     hyperparameter_diff,
 )
-from .smoothing import METHOD_LABELS, describe
+from registry.web.smoothing import METHOD_LABELS, describe
 
 bp = Blueprint("ui", __name__)
 
@@ -314,7 +314,7 @@ def run_dashboard(ref: str):
     diagnosis = panels.diagnosis_panel(reg, run)
     marks = diagnosis.get("severity_by_metric", {}) if isinstance(diagnosis, Mapping) else {}
     if isinstance(diagnosis, Mapping) and "spans" in diagnosis:
-        from .plots import span_memo
+        from registry.web.plots import span_memo
 
         span_memo().put(run["id"], run["data_version"], diagnosis["spans"])
     _anchor_cards(layers, run, marks)
@@ -340,8 +340,8 @@ def interactive_plots(run: Mapping[str, Any], cards: Sequence[dict[str, Any]], d
     Each card gets what ``iplots.js`` needs (its API URL, unit, findings spans); the page gets
     the x-axes this run offers and, for a running run, what its live status polls.
     """
-    from .iplot import COUNTER_HINTS, COUNTER_PREFIX
-    from .vendor import inline_style_guards, plotly_available
+    from registry.web.iplot import COUNTER_HINTS, COUNTER_PREFIX
+    from registry.web.vendor import inline_style_guards, plotly_available
 
     if request.args.get("plots") == "static" or not plotly_available():
         return None
@@ -448,7 +448,7 @@ def compare():
 
 def compare_interactive() -> dict[str, Any] | None:
     """The compare page's plots drawn by plotly (``?plots=static``: the PNGs only)."""
-    from .vendor import inline_style_guards, plotly_available
+    from registry.web.vendor import inline_style_guards, plotly_available
 
     if request.args.get("plots") == "static" or not plotly_available():
         return None
@@ -471,7 +471,7 @@ def _choice(value: str, label: str) -> Any:
 def acting_user() -> str | None:
     """The logged-in user once the app has logins (``registry.web.security``); None until then."""
     try:
-        from .security import current_user
+        from registry.web.security import current_user
     except ImportError:
         return None
     try:
@@ -544,7 +544,7 @@ def _author(form: FlaskForm) -> str | None:
 
 
 def _task_runs(reg: Any, task: str) -> tuple[list[dict[str, Any]], set[str]]:
-    from ..health import _quote, healthy_runs
+    from registry.health import _quote, healthy_runs
 
     rows, _ = reg.list_runs(where=f'task="{_quote(task)}"', order_by="name", limit=500)
     healthy = {r["id"] for r in healthy_runs(reg, task)}
@@ -555,7 +555,7 @@ def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuil
     rows, healthy = _task_runs(reg, task)
     current = None
     try:
-        from ..health import require_baseline
+        from registry.health import require_baseline
 
         _, meta = require_baseline(reg, task)
         current = set(meta["source_runs"] or [])
@@ -569,7 +569,7 @@ def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuil
 
 def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, status: int = 200,
                    error: str | None = None):
-    from ..health import baseline_history, edited_metrics, require_baseline
+    from registry.health import baseline_history, edited_metrics, require_baseline
 
     reg = get_registry()
     try:
@@ -591,7 +591,7 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
             with reg.read() as session:
                 from sqlalchemy import select
 
-                from ..models import Run
+                from registry.models import Run
 
                 extra = {rid: {"id": rid, "name": name, "verdict": verdict} for rid, name, verdict in session.execute(
                     select(Run.id, Run.name, Run.verdict).where(Run.id.in_(missing)))}
@@ -615,7 +615,7 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
 @bp.get("/baselines")
 def baselines():
     """Every task with its baseline (or the lack of one)."""
-    from ..health import list_baselines
+    from registry.health import list_baselines
 
     return render_template("baselines.html", tasks=list_baselines(get_registry()))
 
@@ -630,7 +630,7 @@ def baseline(task: str):
 @admin_access_required
 def baseline_build(task: str):
     """Learn (or re-learn) the task's baseline from the ticked runs."""
-    from ..health import build_task_baseline
+    from registry.health import build_task_baseline
 
     reg = get_registry()
     form, _, _ = _build_form(reg, task, formdata=request.form)
@@ -652,7 +652,7 @@ def baseline_build(task: str):
 @admin_access_required
 def baseline_edit(task: str, metric: str):
     """Tune one metric's early and mid bands (and its warning text) by hand."""
-    from ..health import edit_baseline_metric, require_baseline
+    from registry.health import edit_baseline_metric, require_baseline
 
     reg = get_registry()
     profile, meta = require_baseline(reg, task)

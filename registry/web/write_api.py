@@ -48,14 +48,14 @@ from typing import IO, Any, Mapping
 import numpy as np
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from ..dictionary import get_definition, update_definition
-from ..errors import AlreadyRegisteredError, InputError, LimitExceededError
-from ..importers import run_paths
-from ..models import IngestBatch, Run
-from ..series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
-from . import get_registry
-from .api import clean
-from .security import admin_access_required, current_user, write_access_required
+from registry.dictionary import get_definition, update_definition
+from registry.errors import AlreadyRegisteredError, InputError, LimitExceededError
+from registry.importers import run_paths
+from registry.models import IngestBatch, Run
+from registry.series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
+from registry.web import get_registry
+from registry.web.api import clean
+from registry.web.security import admin_access_required, current_user, write_access_required
 
 bp = Blueprint("write_api", __name__, url_prefix="/api")
 
