@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 from typing import Any, Mapping
 
 MIN_SECRET_KEY_LENGTH = 32
+DEFAULT_SQLITE_FILE = "rlregistry.db"
+# Page security: no inline scripts, nothing from another origin (plotly.js is served locally).
+DEFAULT_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+DEFAULT_PLOT_CACHE_BYTES = 256 * 1024 * 1024
 
 
 class ConfigError(RuntimeError):
@@ -56,6 +64,34 @@ def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raise ConfigError(f"{name}={raw!r} must be 1 or 0")
 
 
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def database_url(environ: Mapping[str, str] | None = None) -> str:
+    """``RLREG_DATABASE_URL`` if set, else a SQLite file in the current directory."""
+    return _environ(environ).get("RLREG_DATABASE_URL") or f"sqlite:///{Path.cwd() / DEFAULT_SQLITE_FILE}"
+
+
+def logging_target(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Where trainer integrations send runs: a server (``RLREG_URL`` + ``RLREG_TOKEN``) or a database.
+
+    ``db`` is ``RLREG_DATABASE_URL`` (None: the default SQLite file); ``spool_dir`` is where points
+    wait while the registry cannot be reached (``RLREG_SPOOL_DIR``).
+    """
+    env = _environ(environ)
+    return {"url": env.get("RLREG_URL") or None, "token": env.get("RLREG_TOKEN") or None,
+            "db": env.get("RLREG_DATABASE_URL") or None,
+            "spool_dir": env.get("RLREG_SPOOL_DIR") or str(Path.home() / ".cache" / "rlregistry" / "spool")}
+
+
+def wandb_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The W&B variables a script written for ``wandb`` sets (``WANDB_PROJECT``, ``WANDB_NAME``, ``WANDB_MODE``)."""
+    env = _environ(environ)
+    return {"project": env.get("WANDB_PROJECT") or None, "name": env.get("WANDB_NAME") or None,
+            "mode": env.get("WANDB_MODE") or None}
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every setting of the web application, as Flask config keys, from ``environ`` (default: os.environ)."""
     env = os.environ if environ is None else environ
@@ -82,12 +118,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "MAX_UNPACKED_BYTES": _int(env, "RLREG_MAX_UNPACKED_BYTES", 4 * upload_limit, 1),
         "MAX_ARCHIVE_MEMBERS": _int(env, "RLREG_MAX_ARCHIVE_MEMBERS", 10000, 1),
         "LIMITS": load_limits(env),
+        "PLOT_CACHE_MAX_BYTES": _int(env, "RLREG_PLOT_CACHE_MAX_BYTES", DEFAULT_PLOT_CACHE_BYTES, 0),
+        "PLOT_REF_TTL": 2.0,
+        "CONTENT_SECURITY_POLICY": DEFAULT_CSP,
+        "JSON_SORT_KEYS": False,
+        "SESSION_COOKIE_HTTPONLY": True,
+        "SESSION_COOKIE_SAMESITE": "Lax",
     }
 
 
 def load_limits(environ: Mapping[str, str] | None = None) -> Any:
-    """The bounds on work per registration or request (``registry.limits.Limits``) from the environment."""
-    from registry.limits import Limits
+    """The bounds on work per registration or request (``registry.core.limits.Limits``) from the environment."""
+    from registry.core.limits import Limits
 
     env = os.environ if environ is None else environ
     d = Limits()

@@ -1,7 +1,7 @@
-"""Labelled evaluation of run diagnosis (registry.diagnosis).
+"""Labelled evaluation of run diagnosis (registry.analysis.diagnosis).
 
 The set: the 4 real stable-baselines3 runs in shared/data/sb3_ppo (labels from its README)
-and seeded synthetic runs (registry.synthetic) with one injected anomaly each, >= 20 per
+and seeded synthetic runs (registry.demo.synthetic) with one injected anomaly each, >= 20 per
 anomaly kind, plus healthy runs. Prints per anomaly kind and per detector: precision,
 recall, median detection delay (steps and % of the run), false alarms on healthy runs;
 then checks the targets and exits non-zero if one is missed:
@@ -32,9 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry.diagnosis import diagnose  # noqa: E402
-from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
-from registry.synthetic import ANOMALY_KINDS, generate_run  # noqa: E402
+from registry.analysis.diagnosis import diagnose  # noqa: E402
+from registry.analysis.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
+from registry.demo.synthetic import ANOMALY_KINDS, generate_run  # noqa: E402
 
 REAL_DIR = ROOT.parent / "shared" / "data" / "sb3_ppo"
 

@@ -37,9 +37,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry.diagnosis import build_baseline, diagnose  # noqa: E402
-from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
-from registry.diagnosis.hyperparams import settings_for_baseline  # noqa: E402
+from registry.analysis.diagnosis import build_baseline, diagnose  # noqa: E402
+from registry.analysis.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
+from registry.analysis.diagnosis.hyperparams import settings_for_baseline  # noqa: E402
 
 RUNS = ROOT / "tests" / "data" / "real" / "sb3_sweep"
 

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from registry import Registry, SeriesData  # noqa: E402
+from registry import SeriesData, open_registry  # noqa: E402
 
 
 def make_data(n_metrics: int, n_steps: int, seed: int = 0) -> dict[str, SeriesData]:
@@ -42,7 +42,7 @@ def bench_reference(data: dict[str, SeriesData], path: Path) -> float:
 
 
 def bench_registry(data: dict[str, SeriesData], url: str) -> float:
-    reg = Registry(url)
+    reg = open_registry(url)
     start = time.perf_counter()
     reg.register_arrays("bench", data, project="bench")
     elapsed = time.perf_counter() - start
@@ -51,7 +51,7 @@ def bench_registry(data: dict[str, SeriesData], url: str) -> float:
 
 
 def bench_read(url: str, n_points: int, repeats: int = 20) -> float:
-    reg = Registry(url)
+    reg = open_registry(url)
     steps = np.arange(n_points, dtype=np.int64)
     run = reg.register_arrays("long", {"reward": SeriesData(steps, np.sin(steps / 1000.0))})
     reg.read_series(run.run_id, "reward")  # warm the connection pool
@@ -74,7 +74,7 @@ def main() -> None:
     n = args.metrics * args.steps
     with tempfile.TemporaryDirectory() as tmp:
         ref = bench_reference(data, Path(tmp) / "reference.db")
-        ours = bench_registry(data, f"sqlite:///{Path(tmp) / 'registry.db'}")
+        ours = bench_registry(data, f"sqlite:///{Path(tmp) / 'registry.db.engine'}")
         read = bench_read(f"sqlite:///{Path(tmp) / 'read.db'}", 100_000)
     print(f"points: {n:,} ({args.metrics} metrics x {args.steps:,} steps)")
     print(f"reference  sqlite3.executemany, indexed table, one transaction: {n / ref:12,.0f} points/s  ({ref:.3f} s)")

@@ -3,7 +3,7 @@ readers and streaming writers at once, then an exact count of every point writte
 
 1. Creates a throwaway database: on the PostgreSQL server given by ``--db`` (or
    ``RLREG_BENCH_POSTGRES_URL``), or with ``--db sqlite`` a SQLite file in a temporary directory;
-   fills it with the demo runs (``registry.demo.build_demo``) and makes a user with a write token.
+   fills it with the demo runs (``registry.demo.builder.build_demo``) and makes a user with a write token.
 2. Starts ``rlreg serve --workers N --threads T`` in production mode with a random secret key, on
    127.0.0.1 on a free port: waitress for one process, gunicorn for several.
    With ``--baseline`` the same load first runs against one process (``--workers 1``) on its own
@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from registry import Registry  # noqa: E402
-from registry.auth import create_token, create_user  # noqa: E402
+from registry import open_registry  # noqa: E402
+from registry.store.auth import create_token, create_user  # noqa: E402
 from registry.client import RemoteError, RemoteRegistry  # noqa: E402
 
 WRITER_KEYS = ("actor/ppo_kl", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "actor/kl_loss",
@@ -191,7 +191,7 @@ def verify(url: str, results: dict[int, Any]) -> tuple[list[str], int]:
     """Problems found, and the number of logged points not stored exactly once (lost or duplicated)."""
     problems = []
     lost = 0
-    reg = Registry(url)
+    reg = open_registry(url)
     try:
         for index, res in sorted(results.items()):
             if "error" in res:
@@ -234,10 +234,10 @@ def run_load(args: argparse.Namespace, workers: int, workdir: Path) -> dict[str,
     try:
         print(f"\n== {workers} server process(es) over {make_url(url).get_backend_name()}: seeding demo runs ...",
               flush=True)
-        from registry.demo import build_demo
+        from registry.demo.builder import build_demo
 
         build_demo(url, shared_data=workdir / "none", echo=lambda _: None)
-        reg = Registry(url)
+        reg = open_registry(url)
         create_user(reg, "bench", secrets.token_urlsafe(12))
         token = create_token(reg, "bench", "load", scope="write")
         seeded = [{"id": r["id"], "keys": [s["key"] for s in reg.run_detail(r["id"])["series"]]}

@@ -6,7 +6,7 @@
    logging with ``mlflow.log_metrics`` (SQLite tracking store) and ``trackio.log``, in the same run.
    Target: < 1 ms per call for the registry.
 2. Importing an MLflow tracking database of R runs x M metrics x S steps (``rlreg register``'s
-   path: read and register every run) against MLflow's own client reading the same metrics
+   path, ``Registry.register_all`` with the format detected: read and register every run) against MLflow's own client reading the same metrics
    (``MlflowClient.get_metric_history`` for every run and metric). Target: >= 20x faster.
    The runs are created with MLflow's client; their metric rows are inserted with SQL into
    MLflow's own ``metrics`` table (logging 30 M points through the client would take hours).
@@ -31,17 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from registry import Registry  # noqa: E402
-from registry.auth import create_token, create_user  # noqa: E402
-from registry.importers.history import register_history  # noqa: E402
-from registry.importers.mlflow import open_runs  # noqa: E402
+from registry import open_registry  # noqa: E402
+from registry.store.auth import create_token, create_user  # noqa: E402
 from registry.integrations.stream import StreamingRun  # noqa: E402
 
 KEYS = [f"actor/metric_{i:02d}" for i in range(30)]
 SERVER = """
 import sys
 from waitress import serve
-from registry.web import create_app
+from registry.web.app import create_app
 app = create_app({"DATABASE_URL": sys.argv[1], "UPLOAD_DIR": sys.argv[3]})
 serve(app, host="127.0.0.1", port=int(sys.argv[2]), threads=4, ident="rlregistry")
 """
@@ -69,7 +67,7 @@ def registry_local(tmp: Path, calls: int) -> tuple[float, float]:
 
 def registry_remote(tmp: Path, calls: int) -> tuple[float, float]:
     url = f"sqlite:///{tmp / 'server.db'}"
-    with Registry(url) as reg:
+    with open_registry(url) as reg:
         create_user(reg, "bench", "bench-password")
         token = create_token(reg, "bench", "bench")
     with socket.socket() as s:
@@ -138,29 +136,32 @@ def make_mlflow_db(path: Path, runs: int, n_metrics: int, steps: int) -> None:
     conn.close()
 
 
-def import_with_registry(mlflow_db: Path, tmp: Path) -> tuple[float, int]:
-    reg = Registry(f"sqlite:///{tmp / 'import.db'}")
-    start = time.perf_counter()
-    points = 0
-    for run in open_runs(mlflow_db):
-        points += register_history(reg, run).point_count
-    elapsed = time.perf_counter() - start
+def import_with_registry(mlflow_db: Path, tmp: Path) -> tuple[float, float, int]:
+    """``rlreg register mlflow.db``'s path (Registry.register_all, the format detected): (wall s, CPU s, points).
+    A second import, which must register nothing, is checked outside the timing."""
+    reg = open_registry(f"sqlite:///{tmp / 'import.db'}")
+    start, cpu = time.perf_counter(), time.process_time()
+    results = reg.register_all(mlflow_db)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    again = reg.register_all(mlflow_db)
+    assert list(again) == [] and len(again.skipped) == len(results), "a second import registered something"
     reg.close()
-    return elapsed, points
+    return elapsed, cpu, sum(r.point_count for r in results)
 
 
-def read_with_mlflow(mlflow_db: Path, keys: list[str]) -> tuple[float, int]:
+def read_with_mlflow(mlflow_db: Path, keys: list[str]) -> tuple[float, float, int]:
+    """MLflow's own client reading every metric of every run: (wall s, CPU s, points)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{mlflow_db}")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     points = 0
     runs = client.search_runs(experiment_ids=[e.experiment_id for e in client.search_experiments()],
                               max_results=50000)
     for run in runs:
         for key in keys:  # the rows went in with SQL, so MLflow's latest_metrics does not list them
             points += len(client.get_metric_history(run.info.run_id, key))
-    return time.perf_counter() - start, points
+    return time.perf_counter() - start, time.process_time() - cpu, points
 
 
 def main() -> None:
@@ -198,14 +199,15 @@ def main() -> None:
             make_mlflow_db(mlflow_db, args.runs, args.metrics, args.steps)
             print(f"  (database built in {time.perf_counter() - start:.1f} s, "
                   f"{mlflow_db.stat().st_size / 1e6:.0f} MB)", flush=True)
-            ours, ours_points = import_with_registry(mlflow_db, tmp)
-            print(f"  registry import (read + register)     {ours:8.1f} s  {ours_points / ours / 1e6:6.2f} M points/s",
-                  flush=True)
-            theirs, their_points = read_with_mlflow(mlflow_db, KEYS[:args.metrics])
+            ours, ours_cpu, ours_points = import_with_registry(mlflow_db, tmp)
+            print(f"  registry import (read + register)      {ours:8.1f} s  {ours_points / ours / 1e6:6.2f} M points/s"
+                  f"  (CPU {ours_cpu:.1f} s)", flush=True)
+            theirs, theirs_cpu, their_points = read_with_mlflow(mlflow_db, KEYS[:args.metrics])
             print(f"  MlflowClient.get_metric_history (read) {theirs:8.1f} s  "
-                  f"{their_points / theirs / 1e6:6.2f} M points/s")
+                  f"{their_points / theirs / 1e6:6.2f} M points/s  (CPU {theirs_cpu:.1f} s)")
             assert ours_points == their_points == total, (ours_points, their_points, total)
-            print(f"  ratio: {theirs / ours:.1f}x (target >= 20x)")
+            # Wall time is the figure; CPU time is printed too, as the machine may be shared.
+            print(f"  ratio: {theirs / ours:.1f}x wall, {theirs_cpu / ours_cpu:.1f}x CPU (target >= 20x)")
 
 
 if __name__ == "__main__":

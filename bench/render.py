@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from registry import Registry, SeriesData  # noqa: E402
-from registry.models import Run, RunParam, RunTag, Series  # noqa: E402
-from registry.web import create_app  # noqa: E402
-from registry.web.downsample import downsample  # noqa: E402
+from registry import Registry, SeriesData, open_registry  # noqa: E402
+from registry.db.models import Run, RunParam, RunTag, Series  # noqa: E402
+from registry.web.app import create_app  # noqa: E402
+from registry.core.downsample import downsample  # noqa: E402
 from registry.web.smoothing import smooth  # noqa: E402
 
 import render_browser  # noqa: E402  (bench/, beside this file)
@@ -114,7 +114,7 @@ def bulk_runs(reg: Registry, n: int) -> None:
     ids = {name: None for name in ("reward_sequence_mean", "kl_ref_mean", "entropy", "clip_fraction")}
     from sqlalchemy import select
 
-    from registry.models import MetricDefinition
+    from registry.db.models import MetricDefinition
 
     with reg.read() as session:
         for name in ids:
@@ -173,7 +173,7 @@ def main() -> int:
 
     tmp = tempfile.TemporaryDirectory()
     url = args.db_url or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
-    reg = Registry(url)
+    reg = open_registry(url)
     if reg.list_runs(limit=1)[1]:
         print(f"{url} already holds runs: point --db-url at an empty database", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Similar-run search benchmark: fidelity and latency at 1k/10k/100k runs, retrieval quality.
 
 Part 1, per corpus size N (``--sizes``, default 1000,10000; 100000 takes about 15 minutes
-on 2 cores): a corpus of N synthetic PPO runs from ``registry.synthetic.generate_run``
+on 2 cores): a corpus of N synthetic PPO runs from ``registry.demo.synthetic.generate_run``
 (every PPO kind: healthy and 12 anomaly families; 200-20,000 logged points, step strides
 1/128/2048; CartPole-, Pendulum- and Acrobot-like tasks) x 3 metrics (episode return, KL,
 entropy). Corpus runs are written in bulk: a ``runs`` row and the ``curve_embeddings``
@@ -62,12 +62,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from registry import Registry  # noqa: E402
-from registry.binding import AliasIndex  # noqa: E402
-from registry.models import Run  # noqa: E402
-from registry.similarity import brute_force, find_similar, refresh_embeddings  # noqa: E402
-from registry.similarity import features as F  # noqa: E402
-from registry.similarity import index as X  # noqa: E402
+from registry import Registry, open_registry  # noqa: E402
+from registry.dictionary.binding import AliasIndex  # noqa: E402
+from registry.db.models import Run  # noqa: E402
+from registry.analysis.similarity import brute_force, find_similar, refresh_embeddings  # noqa: E402
+from registry.analysis.similarity import features as F  # noqa: E402
+from registry.analysis.similarity import index as X  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SB3_RUNS = REPO.parent / "shared" / "data" / "sb3_ppo"
@@ -88,14 +88,14 @@ SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": 
 
 def _fast_synthetic() -> None:
     """generate_run re-reads the dictionary YAML on every call (~0.5 s); cache it for the corpus."""
-    import registry.diagnosis.fixtures as fx
+    import registry.analysis.diagnosis.fixtures as fx
 
     if not hasattr(fx.default_metric_infos, "cache_info"):
         fx.default_metric_infos = functools.lru_cache()(fx.default_metric_infos)
 
 
 def _generate(kind: str, seed: int):
-    from registry.synthetic import generate_run
+    from registry.demo.synthetic import generate_run
 
     return generate_run(kind, seed=seed, algorithm="ppo")
 
@@ -193,7 +193,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench_size(n: int, args: argparse.Namespace, url: str) -> dict:
-    reg = Registry(url)
+    reg = open_registry(url)
     if args.backend == "pgvector" and X.pgvector_status(reg.engine) != "ready":
         raise SystemExit(f"--backend pgvector: {url} has no pgvector columns ({X.pgvector_status(reg.engine)})")
     load_s, index_s = build_corpus(reg, n, args.procs)
@@ -261,7 +261,7 @@ def bench_anywhere(reg: Registry, queries: list[str], exact: bool) -> dict:
 
 def bench_quality(url: str, per_family_kind: int) -> dict:
     _fast_synthetic()
-    reg = Registry(url)
+    reg = open_registry(url)
     labels: dict[str, str] = {}
     verdicts: dict[str, str] = {}
     synthetic: list[str] = []

@@ -1,9 +1,9 @@
-"""Alembic environment: runs against the engine handed over by registry.migrate, or the configured URL."""
+"""Alembic environment: runs against the engine handed over by registry.db.migrate, or the configured URL."""
 from __future__ import annotations
 
 from alembic import context
 
-from registry.models import Base
+from registry.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -12,7 +12,7 @@ target_metadata = Base.metadata
 def run_migrations_online() -> None:
     engine = config.attributes.get("engine")
     if engine is None:
-        from registry.db import make_engine
+        from registry.db.engine import make_engine
 
         engine = make_engine(config.get_main_option("sqlalchemy.url"))
     with engine.connect() as connection:

@@ -13,18 +13,37 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import RegistryError
+from registry.core.errors import RegistryError
 
 if TYPE_CHECKING:
-    from registry.series import SeriesData
-    from registry.store import Registry, RegistrationResult, RunHandle, open_registry
+    from registry.core.series import SeriesData
+    from registry.store.facade import Registry, RegistrationResult
+    from registry.store.run_handle import RunHandle
 
 __all__ = ["Registry", "RegistrationResult", "RegistryError", "RunHandle", "SeriesData", "open_registry"]
 
 # Imported on first use: the store pulls in SQLAlchemy and Alembic (~0.5 s), which `rlreg --help`
 # and every other command that never opens a registry should not pay for.
-_LAZY = {"SeriesData": "registry.series", "Registry": "registry.store", "RegistrationResult": "registry.store",
-         "RunHandle": "registry.store", "open_registry": "registry.store"}
+_LAZY = {"SeriesData": "registry.core.series", "Registry": "registry.store.facade",
+         "RegistrationResult": "registry.store.facade", "RunHandle": "registry.store.run_handle"}
+
+
+def open_registry(url: str | None = None, **options: Any) -> Registry:
+    """Open (and create or upgrade) a registry, with the analysis layer following its writes.
+
+    ``url`` is ``sqlite:///path`` or ``postgresql+psycopg://...`` (default: ``RLREG_DATABASE_URL``
+    or ``./rlregistry.db``); ``options`` go to :class:`~registry.store.facade.Registry`. The
+    similar-run index is kept current inside each write and every registered or finished run is
+    diagnosed after its commit. A bare ``open_registry(url)`` stores and reads the same data without
+    either.
+    """
+    # Imported here, not at the top: `rlreg --help` must not pay for SQLAlchemy and NumPy.
+    from registry.analysis.subscriptions import subscribe
+    from registry.store.facade import Registry
+
+    registry = Registry(url, **options)
+    subscribe(registry.hooks)
+    return registry
 
 
 def __getattr__(name: str) -> Any:

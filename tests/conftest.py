@@ -6,6 +6,8 @@ locally but fail under CI, where a missing server is a broken setup, not a reaso
 """
 from __future__ import annotations
 
+from registry import open_registry
+
 import os
 import uuid
 from pathlib import Path
@@ -64,7 +66,7 @@ def reset_postgres(url: str) -> None:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'registry.db'}"
+    return f"sqlite:///{tmp_path / 'registry.db.engine'}"
 
 
 @pytest.fixture
@@ -79,15 +81,14 @@ def pg_url(_pg_database: str | None) -> str:
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Each test using this runs once on SQLite and once on PostgreSQL."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'registry.db'}"
+        return f"sqlite:///{tmp_path / 'registry.db.engine'}"
     return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture
 def registry(db_url: str):
-    from registry import Registry
 
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     yield reg
     reg.close()
 

@@ -5,11 +5,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from registry import Registry
-from registry.auth import AuthError, authenticate_token, check_password, create_token, create_user, revoke_token
-from registry.cli import cli
-from registry.errors import InputError
-from registry.models import ApiToken, User
+from registry import Registry, open_registry
+from registry.store.auth import AuthError, authenticate_token, check_password, create_token, create_user, revoke_token
+from registry.cli.main import cli
+from registry.core.errors import InputError
+from registry.db.models import ApiToken, User
 
 
 def test_token_life_cycle(registry: Registry):
@@ -52,6 +52,6 @@ def test_cli_token_commands(sqlite_url: str):
     assert '"name": "ci"' in listing and secret not in listing
     assert runner.invoke(cli, ["--db", sqlite_url, "token", "revoke", "--user", "dana", "--name", "ci"]).exit_code == 0
     with pytest.raises(AuthError):
-        authenticate_token(Registry(sqlite_url), secret)
+        authenticate_token(open_registry(sqlite_url), secret)
     missing = runner.invoke(cli, ["--db", sqlite_url, "token", "create", "--user", "nobody", "--name", "x"])
     assert missing.exit_code == 1 and "no user 'nobody'" in missing.output

@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
-from registry.auth import create_token, create_user
-from registry.binding import AliasIndex
-from registry.cli import cli, shipped_alias_index
-from registry.errors import FilterSyntaxError, InputError
+from registry import Registry, open_registry
+from registry.store.auth import create_token, create_user
+from registry.dictionary.binding import AliasIndex
+from registry.cli.dictionary import shipped_alias_index
+from registry.cli.main import cli
+from registry.core.errors import FilterSyntaxError, InputError
 from registry.importers import open_source
-from registry.keycheck import check_key_lists, read_key_list, unbound_keys
-from registry.web import create_app
+from registry.dictionary.keycheck import check_key_lists, read_key_list, unbound_keys
+from registry.web.app import create_app
 
 DATA = Path(__file__).resolve().parent / "data"
 KEY_LISTS = DATA / "framework_keys"
@@ -83,7 +83,7 @@ def test_trl_logged_through_transformers_tensorboard_binds_to_trl(registry: Regi
 
 
 def test_another_frameworks_key_is_bound_only_as_guessed_and_shown(db_url):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     result = reg.register_arrays("verl-with-stray-key", {
         "actor/kl_loss": ([1, 2], [0.01, 0.02]),
         "train/kl": ([1, 2], [0.1, 0.2]),          # an OpenRLHF key, not a verl one
@@ -287,7 +287,7 @@ def test_tensorboard_directory_of_runs_registers_as_several_runs(db_url, tmp_pat
     assert out.exit_code == 0, out.output
     results = json.loads(out.output)
     assert len(results) == 3 and {r["framework"] for r in results} == {"cleanrl"}
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     runs, total = reg.list_runs()
     assert total == 3 and sorted(r["params"]["seed"] for r in runs) == [1, 2, 3]
     # A second registration of the same directory is refused for every run and leaves nothing new.
@@ -308,7 +308,7 @@ def test_several_runs_are_all_or_nothing(registry: Registry, tmp_path):
 
 
 def test_upload_reads_config_semantics_and_tensorboard_runs(db_url, tmp_path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     create_user(reg, "u", "upload-password")
     token = create_token(reg, "u", "ci")
     app = create_app({"REGISTRY": reg, "TESTING": True, "SECRET_KEY": "t", "UPLOAD_DIR": str(tmp_path / "up")})

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from registry import Registry
-from registry.web import create_app
+from registry import open_registry
+from registry.web.app import create_app
 from test_web_support import fill_registry
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -52,9 +52,9 @@ def serve(app):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The app over a temporary SQLite registry with the fixture runs."""
-    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('browser') / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('browser') / 'registry.db.engine'}")
     ids = fill_registry(reg)
-    from registry.auth import create_user
+    from registry.store.auth import create_user
 
     create_user(reg, "Grace", "flow-matic-1959")
     with serve(create_app({"REGISTRY": reg, "SECRET_KEY": "browser-test"})) as url:

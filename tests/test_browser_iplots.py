@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import test_browser
-from registry import Registry, SeriesData
-from registry.web import create_app, smoothing
+from registry import SeriesData, open_registry
+from registry.web.app import create_app
+from registry.web import smoothing
 from test_browser import no_console_errors, serve, wait
 
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
@@ -29,7 +30,7 @@ SPIKE_AT = 123_457
 
 @pytest.fixture(scope="module")
 def iplot_site(tmp_path_factory):
-    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('iplots') / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('iplots') / 'registry.db.engine'}")
     rng = np.random.default_rng(5)
     steps = np.arange(1, N + 1, dtype=np.int64)
     kl = np.abs(rng.normal(0.01, 0.002, N))

@@ -8,12 +8,12 @@ import pytest
 import test_browser  # skips this module too when there is no chromedriver (outside CI)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from test_browser import images_loaded, no_console_errors, serve, wait
+from test_browser import no_console_errors, serve, wait
 from test_web_panels import register_sb3
 from test_web_support import fill_registry
 
-from registry import Registry
-from registry.web import create_app
+from registry import open_registry
+from registry.web.app import create_app
 
 browser = test_browser.browser  # the module-scoped headless Chromium fixture
 
@@ -24,7 +24,7 @@ def panel_site(tmp_path_factory):
 
     if not SB3_RUNS.is_dir():
         pytest.skip("shared SB3 runs not present")
-    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('browser-panels') / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('browser-panels') / 'registry.db.engine'}")
     ids = fill_registry(reg)
     ids.update(register_sb3(reg, SB3_RUNS))
     with serve(create_app({"REGISTRY": reg, "SECRET_KEY": "browser-panels"})) as url:

@@ -12,9 +12,9 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from registry import Registry
-from registry.auth import create_token, create_user
-from registry.web import create_app
+from registry import open_registry
+from registry.store.auth import create_token, create_user
+from registry.web.app import create_app
 
 import test_browser  # noqa: E402 - skips this module too when there is no chromedriver (outside CI)
 from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException  # noqa: E402
@@ -68,7 +68,7 @@ def register_hostile_runs(client, token: str) -> dict[str, str]:
 @pytest.fixture(scope="module", params=["escaping-only", "with-csp"])
 def site(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("xss")
-    reg = Registry(f"sqlite:///{tmp / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp / 'registry.db.engine'}")
     create_user(reg, "mallory", "mallory-password")
     token = create_token(reg, "mallory", "attacker", scope="admin")
     config = {"REGISTRY": reg, "SECRET_KEY": "xss-test", "UPLOAD_DIR": str(tmp / "uploads")}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from registry.cli import cli
+from registry.cli.main import cli
 
 DATA = Path(__file__).parent / "data"
 

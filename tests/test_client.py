@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import requests
 
-from registry import Registry
-from registry.auth import create_token, create_user
+from registry import Registry, open_registry
+from registry.store.auth import create_token, create_user
 from registry.client import RemoteAuthError, RemoteError, RemoteRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_SCRIPT = """
 import sys
 from waitress import serve
-from registry.web import create_app
+from registry.web.app import create_app
 url, port, uploads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 app = create_app({"DATABASE_URL": url, "UPLOAD_DIR": uploads})
 serve(app, host="127.0.0.1", port=port, threads=4, ident="rlregistry",
@@ -84,7 +84,7 @@ class Server:
 
 @pytest.fixture
 def server(db_url, tmp_path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     create_user(reg, "trainer", "streaming-pass")
     token = create_token(reg, "trainer", "cluster", scope="admin")
     srv = Server(db_url, tmp_path)

@@ -16,10 +16,10 @@ import time
 import pytest
 from werkzeug.serving import make_server
 
-from registry import Registry
-from registry.auth import create_token, create_user
+from registry import open_registry
+from registry.store.auth import create_token, create_user
 from registry.client import RemoteRegistry
-from registry.web import create_app
+from registry.web.app import create_app
 
 FAULTS = ("reset_before_request", "close_after_request", "headers_only", "half_body", "chunked_cut",
           "read_timeout", "rst_after_request")
@@ -137,7 +137,7 @@ class FaultProxy:
 @pytest.fixture
 def live_server(tmp_path):
     url = f"sqlite:///{tmp_path / 'faults.db'}"
-    reg = Registry(url)
+    reg = open_registry(url)
     create_user(reg, "trainer", "streaming-pass")
     token = create_token(reg, "trainer", "cluster")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "fault-test", "UPLOAD_DIR": str(tmp_path / "up")})

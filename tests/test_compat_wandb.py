@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import registry.compat.wandb as wandb
-from registry import Registry
+from registry import open_registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_openrlhf_style_step_metric_config_and_summary(tmp_path):
     wandb.finish()
     assert wandb.run is None
 
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(run.id)
         assert detail["name"] == "ppo-7b" and detail["project"] == "rlhf" and detail["tags"] == ["group:sweep"]
         assert detail["status"] == "finished" and detail["scores"] == {"best_reward": 0.9}
@@ -63,7 +63,7 @@ def test_cleanrl_style_explicit_and_implicit_steps(tmp_path):
     wandb.log({"charts/sps": 500})                           # no step: the run's counter (still 256)
     wandb.log({"charts/sps": 510})                           # and it was advanced by the commit
     wandb.finish()
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         ret = reg.read_series(run.id, "charts/episodic_return")
         assert list(ret.steps) == [128, 128] and list(ret.values) == [10.0, 12.0]
         assert list(reg.read_series(run.id, "losses/value_loss").values) == [3.0]
@@ -77,7 +77,7 @@ def test_disabled_mode_records_nothing(tmp_path):
     wandb.log({"loss": 1.0})
     wandb.finish()
     assert run.id is None
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert reg.list_runs()[1] == 0
 
 
@@ -97,7 +97,7 @@ def test_script_ending_without_finish_is_finished_and_an_uncaught_error_crashed(
     bad = subprocess.run([sys.executable, "-c", script, "fails"], env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert bad.returncode == 1 and "diverged" in bad.stderr
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         runs = {r["name"]: r for r in reg.list_runs()[0]}
         assert runs["ends"]["status"] == "finished" and runs["fails"]["status"] == "crashed"
         assert list(reg.read_series(runs["fails"]["id"], "loss").steps) == [0, 1, 2]

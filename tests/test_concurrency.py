@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from registry import Registry
+from registry import open_registry
 
 WRITERS, RUNS_EACH, STEPS = 8, 2, 300
 
 
 def _writer(url: str, worker: int) -> None:
-    reg = Registry(url)
+    reg = open_registry(url)
     for r in range(RUNS_EACH):
         run = reg.create_run(f"w{worker}-r{r}", project="load", framework="verl")
         run.flush_points = 50  # many small transactions, interleaved with the other writers
@@ -20,7 +20,7 @@ def _writer(url: str, worker: int) -> None:
 
 
 def test_eight_processes_lose_nothing(db_url: str):
-    Registry(db_url).close()  # create the schema once, before the writers race
+    open_registry(db_url).close()  # create the schema once, before the writers race
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(db_url, w)) for w in range(WRITERS)]
     for p in procs:
@@ -28,7 +28,7 @@ def test_eight_processes_lose_nothing(db_url: str):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0] * WRITERS
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     rows, total = reg.list_runs(limit=None)
     assert total == WRITERS * RUNS_EACH
     for row in rows:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from registry.semantics import ENUMS, effective_semantics
+from registry.core.semantics import ENUMS, effective_semantics
 
 ROOT = Path(__file__).resolve().parents[1]
-DICTIONARY = ROOT / "registry" / "data" / "default_dictionary.yaml"
+DICTIONARY = ROOT / "registry" / "dictionary" / "data" / "default_dictionary.yaml"
 REFERENCE_CSV = ROOT.parent / "shared" / "reference" / "framework_metric_keys.csv"
 
 FRAMEWORKS = ("verl", "trl", "openrlhf", "stable-baselines3", "cleanrl")
@@ -149,11 +149,14 @@ def test_definitions_have_the_schema_fields_and_legal_enums(document):
         window = d["smoothing_window"]
         assert isinstance(window, int) and not isinstance(window, bool) and window >= 1, name
         ranges = [d.get("healthy_range")] + list((d.get("task_ranges") or {}).values())
+        for task, r in (d.get("task_ranges") or {}).items():
+            # A range for one environment is a claim about that environment: say where it comes from.
+            assert isinstance(r.get("source"), str) and "gymnasium" in r["source"], (name, task, r)
         for r in ranges:
             if r is None:
                 continue
-            assert set(r) == {"low", "high"}, (name, r)
-            for bound in r.values():
+            assert set(r) - {"source"} == {"low", "high"}, (name, r)
+            for bound in (r["low"], r["high"]):
                 assert bound is None or (isinstance(bound, (int, float)) and not isinstance(bound, bool)), (name, r)
             if r["low"] is not None and r["high"] is not None:
                 assert r["low"] <= r["high"], (name, r)
@@ -259,8 +262,11 @@ def test_seed_dashboard_healthy_ranges(definitions):
     assert healthy("episode_return_std")[0] in (None, 0)
     for name in ("episode_return_mean", "episode_return"):
         tasks = definitions[name]["task_ranges"]
-        assert tasks["CartPole-v1"] == {"low": 0, "high": 500}
+        assert (tasks["CartPole-v1"]["low"], tasks["CartPole-v1"]["high"]) == (0, 500)
+        assert "max_episode_steps=500" in tasks["CartPole-v1"]["source"]
         assert tasks["Pendulum-v1"]["high"] == 0 and tasks["Pendulum-v1"]["low"] < -1500
+        # 200 steps of at most pi^2 + 0.1 * 8^2 + 0.001 * 2^2 cost each (gymnasium's pendulum.py)
+        assert tasks["Pendulum-v1"]["low"] <= -200 * (3.14159265 ** 2 + 6.4 + 0.004) < tasks["Pendulum-v1"]["low"] + 1
 
 
 # --- stable-baselines3, CleanRL and verl facts ---------------------------------------------

@@ -1,9 +1,9 @@
 """The demo registry: realistic runs of both projects, bound through real framework aliases."""
 from __future__ import annotations
 
-from registry import Registry
-from registry.demo import DEFAULT_REAL_DATA, FRAMEWORK_PAIR, PROJECTS, REAL_FRAMEWORK_RUNS, REAL_RUN_OUTCOMES, build_demo
-from registry.health import diagnose_run
+from registry import open_registry
+from registry.demo.builder import DEFAULT_REAL_DATA, FRAMEWORK_PAIR, PROJECTS, REAL_FRAMEWORK_RUNS, REAL_RUN_OUTCOMES, build_demo
+from registry.analysis.health import diagnose_run
 
 
 def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, sb3_runs):
@@ -12,7 +12,7 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
     framework_runs = [p for pattern, *_ in REAL_FRAMEWORK_RUNS for p in DEFAULT_REAL_DATA.glob(pattern)]
     assert len(framework_runs) >= 5  # CleanRL, the SB3 logger, TRL GRPO runs, verl's file logger
     assert f"{expected} synthetic and {4 + len(framework_runs)} real" in summary
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     rows, total = reg.list_runs(limit=None)
     assert total == expected + 4 + len(framework_runs)
     assert {r["project"] for r in rows} == {"math-grpo", "control-ppo", "sb3-classic-control", "cleanrl-cartpole",
@@ -37,12 +37,13 @@ def test_demo_builds_projects_with_bound_metrics_and_outcomes(sqlite_url: str, s
 
 
 def test_demo_seed_groups_step_scales_verdicts_baselines_and_closing_pages(sqlite_url: str, sb3_runs):
-    from registry.health import current_findings, get_baseline
-    from registry.web import create_app
-    from registry.web.curves import build_units
+    from registry.analysis.health import current_findings
+    from registry.analysis.baselines import get_baseline
+    from registry.web.app import create_app
+    from registry.web.compare_curves import build_units
 
     summary = build_demo(sqlite_url, shared_data=sb3_runs, echo=lambda _: None)
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     # The CLI can be pointed at the demo's registry with the line it prints.
     assert f"export RLREG_DATABASE_URL={sqlite_url}" in summary
     for project, _, _, task, kinds in PROJECTS:

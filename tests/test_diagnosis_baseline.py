@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry.diagnosis import BaselineProfile, Curve, MetricInfo, build_baseline, diagnose
-from registry.diagnosis.fixtures import default_metric_infos, load_sb3_run
-from registry.synthetic import generate_run
+from registry.analysis.diagnosis import BaselineProfile, Curve, MetricInfo, build_baseline, diagnose
+from registry.analysis.diagnosis.fixtures import default_metric_infos, load_sb3_run
+from registry.demo.synthetic import generate_run
 
 SB3 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sb3_ppo"
 needs_sb3 = pytest.mark.skipif(not SB3.is_dir(), reason="shared/data/sb3_ppo not present")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from registry.diagnosis import Curve, diagnose
-from registry.diagnosis.fixtures import default_metric_infos
-from registry.diagnosis.hyperparams import read_settings
+from registry.analysis.diagnosis import Curve, diagnose
+from registry.analysis.diagnosis.fixtures import default_metric_infos
+from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.web import smoothing
 
 INFOS = default_metric_infos()
@@ -130,7 +130,7 @@ def test_eval_falling_while_train_reward_rises():
 
 
 def test_texts_are_worded_for_the_kind_of_run():
-    from registry.diagnosis.baseline import build_baseline
+    from registry.analysis.diagnosis.baseline import build_baseline
 
     n = 60
     steps = _steps(n)
@@ -189,3 +189,58 @@ def test_adaptive_window_keeps_the_level_of_a_short_run(n):
         fixed = smoothing.smooth(y, "ema", 50)
         assert y[-1] - fixed[-1] > 0.1 * y[-1]       # the fixed 50-point window drags the end down
     assert smoothing.adaptive_window(5, 1000) == 5    # never widened
+
+
+# --- group and batch size as causes ----------------------------------------------------------
+def _steady_zero_std_run(n: int = 80) -> dict:
+    """A GRPO run whose pass rate sits near 0.8 and whose share of zero-std groups near 0.68."""
+    rng = np.random.default_rng(5)
+    return {"reward_zero_std_fraction": Curve(_steps(n), np.clip(0.68 + rng.normal(0, .03, n), 0, 1)),
+            "reward_sequence_mean": Curve(_steps(n), np.clip(0.8 + rng.normal(0, .02, n), 0, 1))}
+
+
+def test_a_small_group_is_named_when_its_expected_share_of_identical_rewards_matches_the_run():
+    curves = _steady_zero_std_run()
+    d = diagnose(curves, INFOS, params={"num_generations": 2}, framework="trl")
+    zs = [f for f in d.by_detector("advantage_degenerate") if f.metric == "reward_zero_std_fraction"]
+    assert zs and zs[0].cause == "group_size_small"
+    top = zs[0].causes[0]
+    # 0.8^2 + 0.2^2 = 0.68 expected with groups of 2, against 0.8^8 + 0.2^8 = 0.17 with TRL's default 8.
+    assert "num_generations = 2, 4x below the TRL default 8" in top.text and "68%" in top.text
+    assert any("17% with groups of 8" in e for e in top.evidence)
+    assert "raise num_generations" in zs[0].suggested_action
+    # Groups of 16 would see almost no identical rewards at this pass rate: the group is not the cause.
+    big = diagnose(curves, INFOS, params={"num_generations": 16}, framework="trl")
+    zs = [f for f in big.by_detector("advantage_degenerate") if f.metric == "reward_zero_std_fraction"]
+    assert zs and not any(c.key == "group_size_small" for c in zs[0].causes)
+
+
+def test_one_response_per_prompt_explains_advantages_that_are_all_zero():
+    n = 40
+    rng = np.random.default_rng(6)
+    curves = {"advantage_mean": Curve(_steps(n), np.zeros(n)), "advantage_std": Curve(_steps(n), np.zeros(n)),
+              "policy_loss": Curve(_steps(n), np.zeros(n)),
+              "reward_sequence_mean": Curve(_steps(n), np.clip(0.4 + rng.normal(0, .05, n), 0, 1))}
+    d = diagnose(curves, INFOS, params={"actor_rollout_ref.rollout.n": 1}, framework="verl")
+    deg = [f for f in d.by_detector("advantage_degenerate") if f.at_least("warning")]
+    assert deg and deg[0].cause == "group_size_small" and "n = 1" in deg[0].likely_causes[0]
+    # With several responses per prompt the same zeros get no group-size cause.
+    d4 = diagnose(curves, INFOS, params={"actor_rollout_ref.rollout.n": 8}, framework="verl")
+    deg = [f for f in d4.by_detector("advantage_degenerate") if f.at_least("warning")]
+    assert deg and all(c.key != "group_size_small" for c in deg[0].causes)
+
+
+def test_a_tiny_minibatch_is_a_cause_of_kl_spikes_only_when_the_run_has_one():
+    n = 100
+    rng = np.random.default_rng(7)
+    kl = np.abs(0.008 + rng.normal(0, .001, n))
+    kl[[30, 55, 80]] = [0.2, 0.25, 0.18]
+    curves = {"kl_old_mean": Curve(_steps(n), kl),
+              "episode_return_mean": Curve(_steps(n), np.linspace(20, 400, n) + rng.normal(0, 5, n))}
+    small = diagnose(curves, INFOS, params={"batch_size": 8, "learning_rate": 3e-4}, framework="stable-baselines3")
+    spikes = small.by_detector("kl_spike")
+    assert spikes and spikes[0].cause == "batch_size_small"
+    assert "batch_size = 8, 8x below the SB3 default 64" in spikes[0].likely_causes[0]
+    usual = diagnose(curves, INFOS, params={"batch_size": 64, "learning_rate": 3e-4}, framework="stable-baselines3")
+    assert usual.by_detector("kl_spike")
+    assert all(c.key != "batch_size_small" for f in usual.by_detector("kl_spike") for c in f.causes)

@@ -5,11 +5,11 @@ import pytest
 import yaml
 
 from registry import Registry
-from registry.dictionary import (
+from registry.dictionary.definitions import (
     definition_as_of, dump_document, export_document, get_definition, import_definitions, parse_document,
     update_definition,
 )
-from registry.errors import DefinitionError, InputError
+from registry.core.errors import DefinitionError, InputError
 
 
 def test_edit_records_version_and_runs_keep_their_snapshot(registry: Registry):

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from registry import Registry
-from registry.errors import FilterSyntaxError
-from registry.filters import compile_filter
+from registry import open_registry
+from registry.core.errors import FilterSyntaxError
+from registry.store.filters import compile_filter
 
 
 @pytest.mark.parametrize("expression, message", [
@@ -31,7 +31,7 @@ def test_malformed_filters_name_the_problem(expression: str, message: str):
     "algorithm=PPO) OR (1=1",
 ])
 def test_sql_injection_payloads_are_values_or_syntax_errors(db_url: str, payload: str):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     reg.register_arrays("victim", {"x": ([1], [1.0])})
     try:
         rows, total = reg.list_runs(where=payload)
@@ -52,8 +52,8 @@ def test_random_text_parses_or_raises_filter_syntax_error(text: str):
 
 
 def test_a_hyperparameter_no_run_has_is_an_error_with_suggestions(registry):
-    from registry.errors import InputError
-    from registry.series import SeriesData
+    from registry.core.errors import InputError
+    from registry.core.series import SeriesData
     import numpy as np
 
     curve = {"loss": SeriesData(np.arange(1, 4), np.array([1.0, 0.5, 0.2]))}

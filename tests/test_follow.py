@@ -3,19 +3,17 @@ resume after a restart, a trainer rewriting the file, and the verl logger adapte
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
 
-from registry import Registry
-from registry.cli import cli
-from registry.follow import Follower, records_of, run_id_for
+from registry import open_registry
+from registry.cli.main import cli
+from registry.integrations.follow import Follower, records_of, run_id_for
 from registry.integrations.verl import RegistryLogger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +43,7 @@ def write_in_background(path: Path, fmt: str, first: int, last: int) -> subproce
 
 
 def check_run(db: str, path: Path, steps: list[int], status: str) -> dict:
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(run_id_for(path))
         assert detail["status"] == status and detail["framework"] == "verl"
         for key, scale in (("actor/ppo_kl", 1000), ("critic/score/mean", 10)):
@@ -64,7 +62,7 @@ def test_follow_jsonl_while_written_until_the_final_step(tmp_path):
     seen_running = []
 
     def progress(f):
-        with Registry(db) as reg:
+        with open_registry(db) as reg:
             seen_running.append(reg.run_detail(f.run_id)["status"])
 
     follower.run_until_done(progress)
@@ -128,7 +126,7 @@ def test_verl_logger_adapter(tmp_path):
         logger.log(data={"actor/ppo_kl": step / 1000, "critic/score/mean": step / 10, "timing_s/gen": 1.5},
                    step=step)
     logger.finish()
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(logger.run.id)
         assert detail["algorithm"] == "GRPO" and detail["framework"] == "verl" and detail["status"] == "finished"
         assert detail["params"]["actor_rollout_ref.actor.optim.lr"] == 1e-6

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import InputError, UnknownFormatError
+from registry.core.errors import InputError, UnknownFormatError
 from registry.importers import IMPORTERS, fingerprint, open_source
 from registry.importers.params import (
     load_params_file, merge_params, parse_value, params_from_assignments,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import InputError, UnknownFormatError
+from registry.core.errors import InputError, UnknownFormatError
 from registry.importers import open_source
 from registry.importers.params import load_params_file
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
-from registry.cli import cli
+from registry import open_registry
+from registry.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,12 +33,12 @@ def register(db: str, *args: str):
 
 
 def runs_by_name(db: str) -> dict[str, dict]:
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         return {r["name"]: reg.run_detail(r["id"]) for r in reg.list_runs(limit=1000)[0]}
 
 
 def series(db: str, run_id: str, key: str):
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         return reg.read_series(run_id, key)
 
 
@@ -232,7 +232,7 @@ def test_truncated_parquet_names_the_file(tmp_path):
     db = f"sqlite:///{tmp_path / 'reg.db'}"
     result = register(db, "--format", "wandb", str(tmp_path / "cut.parquet"))
     assert result.exit_code == 1 and "cut.parquet" in result.output and "truncated" in result.output
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert reg.list_runs()[1] == 0
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry.errors import InputError
+from registry.core.errors import InputError
 from registry.importers import open_source
-from registry.importers.base import Point
+from registry.core.series import Point
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURES = {

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry import Registry
-from registry.errors import InputError, RegistryError
+from registry import open_registry
+from registry.core.errors import InputError, RegistryError
 from registry.importers import open_source
 
 from test_importers_properties import edits, mutate, structural
@@ -64,7 +64,7 @@ def test_mutated_trainer_state(edit_list, extra):
                                                                  HealthCheck.function_scoped_fixture])
 @given(edits)
 def test_mutated_registration_is_all_or_nothing(sqlite_url, edit_list):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     before = reg.list_runs(limit=None)[1]
     data = mutate(_trainer_state_bytes(), edit_list)
     with tempfile.TemporaryDirectory() as directory:

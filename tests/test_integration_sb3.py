@@ -13,7 +13,7 @@ pytest.importorskip("gymnasium")
 
 from stable_baselines3.common.logger import Logger, configure, make_output_format  # noqa: E402
 
-from registry import Registry  # noqa: E402
+from registry import open_registry  # noqa: E402
 from registry.integrations.sb3 import RegistryCallback, RegistryOutputFormat  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def test_ppo_cartpole_run_has_hyperparameters_and_every_dump_at_num_timesteps(tm
 
     rows = progress_rows(tmp_path / "sb3" / "progress.csv")
     assert len(rows) == 8
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(callback.run.id)
         assert detail["status"] == "finished" and detail["algorithm"] == "PPO"
         assert detail["framework"] == "stable-baselines3" and detail["task"] == "CartPole-v1"
@@ -60,7 +60,7 @@ def test_output_format_alone_and_excluded_keys(tmp_path):
     model.learn(total_timesteps=400, log_interval=10)
     logger.close()
     rows = progress_rows(tmp_path / "progress.csv")
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(fmt.run.id)
         assert detail["status"] == "finished" and detail["framework"] == "stable-baselines3"
         keys = {s["key"] for s in detail["series"]}

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from registry import Registry
-from registry.auth import create_token, create_user
+from registry import open_registry
+from registry.store.auth import create_token, create_user
 from registry.integrations import spool as spool_io
 from registry.integrations.stream import StreamingRun
 from registry.integrations.targets import LocalTarget
@@ -20,7 +20,7 @@ from test_client import Server
 @pytest.fixture
 def server(tmp_path):
     url = f"sqlite:///{tmp_path / 'server.db'}"
-    reg = Registry(url)
+    reg = open_registry(url)
     create_user(reg, "trainer", "streaming-pass")
     token = create_token(reg, "trainer", "cluster")
     srv = Server(url, tmp_path)
@@ -91,7 +91,7 @@ def test_bad_line_in_the_middle_of_a_spool_names_it(tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text('{"kind":"run","target":null,"spec":{"name":"x","run_id":"abc"}}\nnot json\n'
                     '{"kind":"status","status":"finished"}\n')
-    from registry.errors import InputError
+    from registry.core.errors import InputError
 
     with pytest.raises(InputError, match=r"run.jsonl, line 2"):
         spool_io.replay(path, LocalTarget(f"sqlite:///{tmp_path / 'reg.db'}"))
@@ -105,7 +105,7 @@ def test_points_before_the_last_step_are_skipped_with_one_warning(tmp_path, capl
             run.log(step, {"loss": float(step)})
         run.finish()
     assert sum("before step" in r.getMessage() for r in caplog.records) == 1
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert list(reg.read_series(run.id, "loss").steps) == [1, 2, 3, 3, 4]
 
 
@@ -122,7 +122,7 @@ def test_the_next_run_against_the_same_registry_uploads_a_finished_spool(tmp_pat
     second.log(1, {"loss": 1.0})
     second.finish()
     assert not first.spool_path.exists()
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert reg.run_detail(first.id)["status"] == "finished"
         assert list(reg.read_series(first.id, "loss").steps) == list(range(1, 11))
         assert reg.list_runs()[1] == 2

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from registry import Registry  # noqa: E402
+from registry import open_registry  # noqa: E402
 from registry.integrations.transformers import RegistryCallback, split_logs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_trainer_run_is_streamed_with_params_eval_checkpoints_and_status(tmp_pat
     trainer.train()
     history = trainer.state.log_history
 
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(callback.run.id)
         assert detail["name"] == "tiny-lm" and detail["project"] == "lm" and detail["tags"] == ["tiny"]
         assert detail["status"] == "finished" and detail["framework"] == "transformers"
@@ -114,14 +114,14 @@ def test_not_main_process_writes_nothing(tmp_path):
     callback.on_log(args, state, control, logs={"loss": 1.0})
     callback.on_train_end(args, state, control)
     assert callback.run is None
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert reg.list_runs()[1] == 0
     # the same calls on the main process do write
     state.is_world_process_zero = True
     callback.on_train_begin(args, state, control)
     callback.on_log(args, state, control, logs={"loss": 1.0})
     callback.on_train_end(args, state, control)
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         assert reg.list_runs()[1] == 1
 
 
@@ -154,7 +154,7 @@ def test_exception_in_training_marks_the_run_crashed_with_its_points(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode != 0 and "out of memory (simulated)" in proc.stderr
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         (run,) = reg.list_runs()[0]
         detail = reg.run_detail(run["id"])
         assert detail["status"] == "crashed"
@@ -183,12 +183,12 @@ def test_registry_down_never_stops_training_and_the_spool_uploads_later(tmp_path
     good_db = f"sqlite:///{tmp_path / 'reg.db'}"
     from click.testing import CliRunner
 
-    from registry.cli import cli
+    from registry.cli.main import cli
 
     for _ in range(2):  # a second upload adds nothing
         result = CliRunner().invoke(cli, ["--db", good_db, "follow", "--spool", str(spool_file)])
         assert result.exit_code == 0, result.output
-    with Registry(good_db) as reg:
+    with open_registry(good_db) as reg:
         (run,) = reg.list_runs()[0]
         assert run["status"] == "finished"
         loss = reg.read_series(run["id"], "loss")
@@ -217,7 +217,7 @@ def test_grpo_trainer_run_is_trl_with_its_config(tmp_path):
     trainer = trl.GRPOTrainer(model=str(model_dir), reward_funcs=count_reward, args=config,
                               train_dataset=prompts, processing_class=tokenizer, callbacks=[callback])
     trainer.train()
-    with Registry(db) as reg:
+    with open_registry(db) as reg:
         detail = reg.run_detail(callback.run.id)
         assert detail["framework"] == "trl" and detail["algorithm"] == "GRPO" and detail["status"] == "finished"
         assert detail["params"]["beta"] == pytest.approx(0.04) and detail["params"]["num_generations"] == 4

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry import Registry
+from registry import Registry, open_registry
 
 # Many series make the write transaction a large share of the run, so kills land inside it.
 ROWS, COLS = 400, 1500
@@ -50,7 +50,7 @@ def test_sigkill_mid_registration(db_url: str, big_csv: Path, tmp_path: Path):
     start = time.perf_counter()
     assert _register(f"sqlite:///{tmp_path / 'timing.db'}", big_csv).wait(120) == 0
     duration = time.perf_counter() - start
-    Registry(db_url).close()
+    open_registry(db_url).close()
     seen_complete = False
     for fraction in (0.55, 0.65, 0.75, 0.85, 0.92):
         delay = duration * fraction
@@ -59,7 +59,7 @@ def test_sigkill_mid_registration(db_url: str, big_csv: Path, tmp_path: Path):
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        reg = Registry(db_url)
+        reg = open_registry(db_url)
         seen_complete = _assert_consistent(reg) or seen_complete
         reg.close()
         if seen_complete:
@@ -67,7 +67,7 @@ def test_sigkill_mid_registration(db_url: str, big_csv: Path, tmp_path: Path):
     proc = _register(db_url, big_csv)
     # When a killed attempt had already committed, registering again is refused as a duplicate (exit 2).
     assert proc.wait(120) == (2 if seen_complete else 0)
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     assert _assert_consistent(reg)
     if db_url.startswith("sqlite"):
         with reg.engine.connect() as conn:

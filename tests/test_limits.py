@@ -7,18 +7,17 @@ import io
 import json
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
-from registry.auth import create_token, create_user
-from registry.cli import cli
-from registry.errors import LimitExceededError
-from registry.filters import compile_filter
-from registry.limits import Limits
-from registry.web import create_app
+from registry import open_registry
+from registry.store.auth import create_token, create_user
+from registry.cli.main import cli
+from registry.core.errors import LimitExceededError
+from registry.store.filters import compile_filter
+from registry.core.limits import Limits
+from registry.web.app import create_app
 from test_security import _snapshot
 
 SMALL = Limits(max_metric_keys=50, max_line_bytes=4096, max_tags=20, max_checkpoints=100, max_json_depth=8,
@@ -27,7 +26,7 @@ SMALL = Limits(max_metric_keys=50, max_line_bytes=4096, max_tags=20, max_checkpo
 
 @pytest.fixture
 def bounded(tmp_path):
-    reg = Registry(f"sqlite:///{tmp_path / 'bounded.db'}", limits=SMALL)
+    reg = open_registry(f"sqlite:///{tmp_path / 'bounded.db'}", limits=SMALL)
     run_id = reg.register_arrays("existing", {"loss": ([1, 2], [1.0, 0.5])}).run_id
     create_user(reg, "alice", "alice-password")
     token = create_token(reg, "alice", "ci", scope="admin")
@@ -159,7 +158,7 @@ def test_wide_files_and_long_lines_refused_over_http_and_in_the_cli(bounded, tmp
 
 
 def test_the_runs_page_shows_a_dozen_tags_and_counts_the_rest(tmp_path):
-    reg = Registry(f"sqlite:///{tmp_path / 'tags.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path / 'tags.db'}")
     reg.register_arrays("tagged", {"loss": ([1, 2], [1.0, 0.5])}, tags=[f"tag{i:04d}" for i in range(1000)])
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "tags"})
     page = app.test_client().get("/runs").get_data(as_text=True)

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from registry import Registry
-from registry.migrate import current_revision, downgrade, head_revision, upgrade
+from registry import open_registry
+from registry.db.migrate import current_revision, downgrade, head_revision, upgrade
 
 
 def test_upgrade_downgrade_walk_with_data(db_url: str):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     reg.register_arrays("kept", {"train/approx_kl": ([1, 2], [0.1, 0.2])}, framework="stable-baselines3")
     assert current_revision(reg.engine) == head_revision(reg.engine)
     downgrade(reg.engine, "base")
@@ -19,7 +19,7 @@ def test_upgrade_downgrade_walk_with_data(db_url: str):
     assert {"runs", "series", "series_chunks", "metric_definitions", "definition_versions"} <= tables
     reg.close()
     # Re-opening seeds the dictionary into the fresh schema again.
-    again = Registry(db_url)
+    again = open_registry(db_url)
     assert again.list_runs()[1] == 0
     assert len(again.definitions_by_name()) > 20
     again.close()
@@ -31,8 +31,8 @@ def test_every_migration_steps_up_and_down_with_data(db_url: str):
     from alembic.script import ScriptDirectory
     from sqlalchemy import text
 
-    from registry.db import make_engine
-    from registry.migrate import alembic_config
+    from registry.db.engine import make_engine
+    from registry.db.migrate import alembic_config
 
     engine = make_engine(db_url)
     revisions = [s.revision
@@ -47,7 +47,7 @@ def test_every_migration_steps_up_and_down_with_data(db_url: str):
         assert current_revision(engine) == rev
         with engine.connect() as conn:
             assert conn.execute(text("SELECT name FROM runs WHERE id = 'r0'")).scalar() == "from-0001"
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     reg.register_arrays("at-head", {"train/approx_kl": ([1, 2], [0.1, 0.2])}, framework="stable-baselines3")
     reg.close()
     for rev in reversed(revisions[:-1]):

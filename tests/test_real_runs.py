@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.cli import cli
+from registry.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO / "tests" / "data" / "real"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from registry import Registry
-from registry.errors import AlreadyRegisteredError, InputError, StepOrderError
+from registry.core.errors import AlreadyRegisteredError, InputError, StepOrderError
 
 
 def _series(reg: Registry, run_id: str) -> dict[str, dict]:

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry import Registry
-from registry.errors import StepOrderError
-from registry.importers.base import Point
-from registry.series import SeriesBuilder, SeriesData
-from registry.web import create_app
+from registry import Registry, open_registry
+from registry.core.errors import StepOrderError
+from registry.core.series import Point
+from registry.core.series import SeriesBuilder, SeriesData
+from registry.web.app import create_app
 
 DATA = Path(__file__).parent / "data"
 
@@ -97,7 +97,7 @@ def test_curves_for_diagnosis_and_similarity_take_one_point_per_step(registry: R
     assert curve.values.tolist() == [s + 1.0 for s in range(1, 41)]
     assert curve.counts.tolist() == [2] * 40
 
-    from registry.similarity import find_similar
+    from registry.analysis.similarity import find_similar
 
     twin = registry.register(_episodes_csv(tmp_path / "b.csv", lambda s: 2 * s), framework="cleanrl")
     other = registry.register(_episodes_csv(tmp_path / "c.csv", lambda s: 40 - s), framework="cleanrl")
@@ -109,7 +109,7 @@ def test_curves_for_diagnosis_and_similarity_take_one_point_per_step(registry: R
 def test_series_api_returns_every_point_or_one_per_step_with_counts(db_url, openapi, tmp_path: Path):
     from test_web_support import check_response
 
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     csv = tmp_path / "r.csv"
     csv.write_text("step,ret\n1,5\n1,7\n2,3\n3,4\n3,8\n")
     run_id = reg.register(csv).run_id
@@ -128,7 +128,7 @@ def test_series_api_returns_every_point_or_one_per_step_with_counts(db_url, open
 
 
 def test_dashboard_plot_and_export_of_a_repeated_step_series(db_url, tmp_path: Path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     run_id = reg.register(_episodes_csv(tmp_path / "r.csv", lambda s: s % 7), framework="cleanrl").run_id
     client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
     assert client.get(f"/runs/{run_id}").status_code == 200
@@ -145,7 +145,7 @@ def test_dashboard_plot_and_export_of_a_repeated_step_series(db_url, tmp_path: P
 
 def test_summary_with_runtime_logged_every_step_keeps_the_runtime_curve():
     """transformers with include_num_input_tokens_seen adds train_runtime to every log entry."""
-    from registry.run_summary import split_run_summary
+    from registry.importers.run_summary import split_run_summary
 
     steps = np.array([10, 20, 30])
     data = {
@@ -161,7 +161,7 @@ def test_summary_with_runtime_logged_every_step_keeps_the_runtime_curve():
 
 
 def test_downsampling_a_repeated_step_series_keeps_its_spike(db_url, tmp_path: Path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     csv = tmp_path / "many.csv"
     rows = ["step,charts/episodic_return"] + [f"{i // 3},{(i * 7919) % 13}" for i in range(15000)]
     rows[7001] = "2333,500"  # one episode's spike, among three at its step

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import requests
 
-from registry import Registry
-from registry.auth import create_token, create_user
+from registry import open_registry
+from registry.store.auth import create_token, create_user
 from test_client import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def _curve(seed: int, n: int = 200, blowup: bool = False) -> dict[str, tuple[lis
 
 @pytest.fixture
 def two_servers(db_url, tmp_path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     create_user(reg, "alice", "alice-password")
     token = create_token(reg, "alice", "ci", scope="admin")
     for seed in range(4):
@@ -126,7 +126,7 @@ def test_two_server_processes_see_each_others_writes_at_once(two_servers):
 
 def test_serve_with_gunicorn_workers(sqlite_url, tmp_path):
     pytest.importorskip("gunicorn")
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "alice", "alice-password")
     token = create_token(reg, "alice", "ci")
     auth = {"Authorization": f"Bearer {token}"}
@@ -151,7 +151,7 @@ def test_serve_with_gunicorn_workers(sqlite_url, tmp_path):
 
 
 def test_serve_db_option_serves_that_registry(sqlite_url, tmp_path):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     reg.register_arrays("served", _curve(0))
     port = free_port()
     proc = _start(sqlite_url, port, tmp_path, db_option=True)

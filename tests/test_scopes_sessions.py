@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
-from registry.auth import create_token, create_user, list_tokens, set_password, set_user_disabled
-from registry.cli import cli
-from registry.models import UserSession
-from registry.web import create_app
+from registry import open_registry
+from registry.store.auth import create_token, create_user, list_tokens, set_password, set_user_disabled
+from registry.cli.main import cli
+from registry.db.models import UserSession
+from registry.web.app import create_app
 from test_security import _snapshot, csrf_from, login
 from test_web_support import fill_registry
 
@@ -30,18 +30,21 @@ GUARDED = {
                                   {"json": {"changes": {"unit": "bits"}, "note": "scope test"}}),
     "dictionary.edit": ("admin", "get", "/dictionary/entropy/edit", {}),
     # An HTML form: an empty post gets past the guard and is refused by the form (400), not 401/403.
-    "ui.baseline_build": ("admin", "post", "/baselines/CartPole-v1/build", {"form_refuses": True}),
-    "ui.baseline_edit": ("admin", "get", "/baselines/CartPole-v1/metrics/{metric}/edit", {}),
+    "baselines.baseline_build": ("admin", "post", "/baselines/CartPole-v1/build", {"form_refuses": True}),
+    "baselines.baseline_edit": ("admin", "get", "/baselines/CartPole-v1/metrics/{metric}/edit", {}),
+    "edit.edit": ("write", "get", "/runs/{run}/edit", {}),
+    "edit.delete": ("admin", "get", "/runs/{victim}/delete", {}),
+    "edit.upload": ("write", "get", "/upload", {}),
 }
 UNGUARDED_POSTS = {"auth.login", "auth.logout"}  # CSRF-protected forms that change no data
 
 
 @pytest.fixture
 def scoped(db_url, tmp_path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=20)
     ids["victim"] = reg.register_arrays("victim", {"loss": ([1, 2], [1.0, 0.5])}).run_id
-    from registry.health import build_task_baseline
+    from registry.analysis.baselines import build_task_baseline
 
     ids["run"] = ids["sb3-s0"]
     ids["metric"] = next(iter(build_task_baseline(reg, "CartPole-v1", allow_weak=True).metrics))
@@ -100,7 +103,7 @@ def test_scope_is_enforced_per_endpoint(scoped, endpoint):
 
 
 def test_a_read_token_reads_everything_when_reads_need_a_login(db_url):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=10)
     create_user(reg, "carol", "carol-password")
     reader = create_token(reg, "carol", "dashboard", scope="read")
@@ -129,7 +132,7 @@ def test_token_scopes_in_the_cli_and_disabling_users(sqlite_url):
     assert bad.exit_code == 2 and "root" in bad.output
     table = runner.invoke(cli, [*db, "token", "list"]).output
     assert re.search(r"grafana\s+│\s+read", table) and re.search(r"ci\s+│\s+write", table), table
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     assert {t["name"]: t["scope"] for t in list_tokens(reg)} == {"ci": "write", "grafana": "read"}
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "s", "REQUIRE_LOGIN_FOR_READS": True})
     client = app.test_client()
@@ -165,7 +168,7 @@ def test_cookie_settings_from_the_environment_take_effect(sqlite_url, monkeypatc
         monkeypatch.setenv("RLREG_SESSION_HOURS", hours)
     else:
         monkeypatch.delenv("RLREG_SESSION_HOURS", raising=False)
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "alice", "alice-password")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "cookie-test"})
     response = login(app.test_client())
@@ -208,7 +211,7 @@ def _create(app, cookie: str, csrf: str, name: str):
 
 
 def test_logout_password_change_and_disabling_end_sessions(sqlite_url):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "alice", "alice-password")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "session-test"})
     client, cookie, csrf = _logged_in(app)
@@ -236,7 +239,7 @@ def test_logout_password_change_and_disabling_end_sessions(sqlite_url):
 
 
 def test_an_expired_session_is_refused_even_if_the_browser_keeps_the_cookie(sqlite_url):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "alice", "alice-password")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "session-test"})
     client, cookie, csrf = _logged_in(app)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from registry import Registry
-from registry.auth import create_token, create_user, revoke_token
-from registry.models import User
-from registry.web import create_app
+from registry import Registry, open_registry
+from registry.store.auth import create_token, create_user, revoke_token
+from registry.db.models import User
+from registry.web.app import create_app
 from test_web_support import fill_registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def site(db_url, tmp_path):
     """CSRF on (as in production), the fixture runs, a user with a token."""
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=20)
     create_user(reg, "alice", "alice-password")
     token = create_token(reg, "alice", "laptop", scope="admin")
@@ -182,7 +182,7 @@ def test_wrong_tokens_back_off_but_a_valid_token_always_works(site):
 
 
 def test_reads_can_require_a_login(db_url):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=10)
     create_user(reg, "carol", "carol-password")
     token = create_token(reg, "carol", "reader")
@@ -218,7 +218,7 @@ def test_security_headers_everywhere(site):
 def test_production_refuses_to_start_without_a_secret(tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLREG_")}
     env.update(RLREG_ENV="production", RLREG_DATABASE_URL=f"sqlite:///{tmp_path / 'p.db'}", PYTHONPATH=str(REPO))
-    code = "from registry.web import create_app; app = create_app(); print('KEY', len(app.config['SECRET_KEY']))"
+    code = "from registry.web.app import create_app; app = create_app(); print('KEY', len(app.config['SECRET_KEY']))"
     refused = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert refused.returncode != 0 and "RLREG_SECRET_KEY must be set" in refused.stderr
     started = subprocess.run([sys.executable, "-c", code], env=dict(env, RLREG_SECRET_KEY="k" * 40),

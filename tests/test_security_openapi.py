@@ -8,14 +8,14 @@ from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from registry import Registry
-from registry.auth import create_token, create_user
-from registry.web import create_app
+from registry import open_registry
+from registry.store.auth import create_token, create_user
+from registry.web.app import create_app
 from test_web_support import check_response
 
 @pytest.fixture
 def call(db_url, tmp_path, openapi):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     create_user(reg, "writer", "writer-password")
     token = create_token(reg, "writer", "api", scope="admin")
     client = create_app({"REGISTRY": reg, "TESTING": True, "SECRET_KEY": "s",

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select, text, update
 
-from registry import Registry
-from registry.errors import InputError
-from registry.models import CurveEmbedding
-from registry.similarity import (
+from registry import Registry, open_registry
+from registry.core.errors import InputError
+from registry.db.models import CurveEmbedding
+from registry.analysis.similarity import (
     EMBEDDING_VERSION, brute_force, find_similar, rebuild_embeddings, refresh_embeddings, resolve_metrics,
 )
-from registry.similarity import index as X
-from registry.similarity import search as S
-from registry.similarity.search import PAA_POOL_MIN
+from registry.analysis.similarity import index as X
+from registry.analysis.similarity import search as S
+from registry.analysis.similarity import pgvector as PG
+from registry.analysis.similarity.candidates import PAA_POOL_MIN
 
 from conftest import reset_postgres
 
@@ -28,8 +29,8 @@ SB3_KEYS = {"episode_return_mean": ("rollout/ep_rew_mean", 1.0), "kl_old_mean": 
 
 @functools.lru_cache(maxsize=None)
 def synthetic(kind: str, seed: int, n_steps: int, anomaly_at: float | None = None, stride: int | None = None):
-    import registry.diagnosis.fixtures as fx
-    from registry.synthetic import generate_run
+    import registry.analysis.diagnosis.fixtures as fx
+    from registry.demo.synthetic import generate_run
 
     cached = functools.lru_cache()(fx.default_metric_infos)  # generate_run re-reads the YAML otherwise
     original, fx.default_metric_infos = fx.default_metric_infos, cached
@@ -237,7 +238,7 @@ def test_cache_state_follows_every_change_of_the_embeddings(registry: Registry):
     registration, a streaming replacement, a run deleted (rows removed by the foreign-key
     cascade), a rebuild that drops another version, and (SQLite, where the count is kept by
     triggers) a downgrade and upgrade that recount the rows already there."""
-    from registry.migrate import downgrade, upgrade
+    from registry.db.migrate import downgrade, upgrade
 
     def counted(version: str = EMBEDDING_VERSION) -> tuple[int, int]:
         with registry.read() as s:
@@ -285,9 +286,9 @@ def test_cache_state_follows_every_change_of_the_embeddings(registry: Registry):
 def test_metric_names_resolve_by_quantity(registry: Registry):
     run_id = register(registry, "sb3", synthetic("healthy", 0, 100), sb3=True)
     with registry.read() as s:
-        from registry.similarity.search import _load_query
+        from registry.analysis.similarity.query import load_query
 
-        available, _ = _load_query(s, registry.resolve_run(s, run_id))
+        available, _ = load_query(s, registry.resolve_run(s, run_id))
     assert resolve_metrics(available, None) == list(METRICS)
     assert resolve_metrics(available, "reward,kl,entropy") == list(METRICS)
     assert resolve_metrics(available, ["train/approx_kl", "return"]) == ["kl_old_mean", "episode_return_mean"]
@@ -319,7 +320,7 @@ NUMPY_LABELS = {"missing": "numpy (pgvector not installed)",
 
 
 def test_engine_label_on_postgres_without_pgvector(pg_url: str):
-    reg = Registry(pg_url)
+    reg = open_registry(pg_url)
     try:
         status = X.pgvector_status(reg.engine)
         if status not in NUMPY_LABELS:
@@ -339,7 +340,7 @@ def test_application_role_on_a_pgvector_server_migrates_then_uses_it_once_a_supe
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from registry.cli import cli
+    from registry.cli.main import cli
 
     url = os.environ.get("RLREG_TEST_PGVECTOR_URL")
     if not url:
@@ -357,7 +358,7 @@ def test_application_role_on_a_pgvector_server_migrates_then_uses_it_once_a_supe
         return out.output
 
     try:
-        with Registry(app_url) as reg:
+        with open_registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == X.NEEDS_SUPERUSER
             a = register(reg, "a", synthetic("healthy", 0, 100))
             register(reg, "b", synthetic("healthy", 1, 100))
@@ -370,12 +371,12 @@ def test_application_role_on_a_pgvector_server_migrates_then_uses_it_once_a_supe
         with superuser_in_db.connect() as conn:
             conn.execute(text("CREATE EXTENSION vector"))
         superuser_in_db.dispose()
-        with Registry(app_url) as reg:
+        with open_registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == "available"
         after = reindex()
         assert "embeddings rebuilt for 3 runs" in after
         assert "candidate stage: inside PostgreSQL (pgvector HNSW)" in after
-        with Registry(app_url) as reg:
+        with open_registry(app_url) as reg:
             assert X.pgvector_status(reg.engine) == "ready"
             res = find_similar(reg, a, k=2)
             assert res.engine.startswith("pgvector hnsw")
@@ -395,7 +396,7 @@ def pgvector_registry():
             raise RuntimeError("CI needs RLREG_TEST_PGVECTOR_URL: a PostgreSQL server with pgvector")
         pytest.skip("no pgvector server (set RLREG_TEST_PGVECTOR_URL)")
     reset_postgres(url)
-    reg = Registry(url)
+    reg = open_registry(url)
     yield reg
     reg.close()
 
@@ -531,7 +532,7 @@ def test_pgvector_pool_size_past_the_count_cap_is_the_planners_estimate(pgvector
     analyze()  # of the empty table: an estimate of 0 runs
     kinds = family_corpus(reg, per_kind=4)
     q = list(kinds)[3]
-    monkeypatch.setattr(S, "GROUP_COUNT_CAP", 3)
+    monkeypatch.setattr(PG, "GROUP_COUNT_CAP", 3)
     counted = find_similar(reg, q, k=5)
     assert counted.stats["candidates"] == len(kinds) - 1
     assert [n.run_id for n in counted] == [n.run_id for n in brute_force(reg, q, k=5)]
@@ -541,12 +542,12 @@ def test_pgvector_pool_size_past_the_count_cap_is_the_planners_estimate(pgvector
     estimated = find_similar(reg, q, k=5)
     assert estimated.stats["eligible_runs"] == len(kinds) + 1
     assert estimated.stats["candidates"] == len(kinds) - 1  # the estimate (len(kinds)), less the query run
-    monkeypatch.setattr(S, "GROUP_COUNT_CAP", 10_000)
+    monkeypatch.setattr(PG, "GROUP_COUNT_CAP", 10_000)
     assert find_similar(reg, q, k=5).stats["candidates"] == len(kinds) + 1
 
 
 def test_features_of_values_near_the_float64_limit_are_those_of_the_same_curve_at_unit_scale():
-    from registry.similarity import features as F
+    from registry.analysis.similarity import features as F
 
     rng = np.random.default_rng(3)
     steps = np.arange(0, 5000, 7)

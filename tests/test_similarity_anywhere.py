@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.errors import InputError
-from registry.similarity import find_similar, refresh_embeddings
+from registry.core.errors import InputError
+from registry.analysis.similarity import find_similar, refresh_embeddings
 
 METRICS = ("episode_return_mean", "kl_old_mean", "entropy")
 EVENT_WIDTH = 0.08  # of training: a KL spike, an entropy drop and a dip in the return
@@ -113,8 +113,8 @@ def test_anywhere_needs_a_portion(registry: Registry, planted):
 
 
 def test_cli_and_api_anywhere(registry: Registry, planted):
-    from registry.cli import cli
-    from registry.web import create_app
+    from registry.cli.main import cli
+    from registry.web.app import create_app
 
     q = query_run(registry)
     out = CliRunner().invoke(cli, ["--db", registry.url, "similar", q, "--window", "0.22,0.38", "--anywhere",
@@ -135,7 +135,7 @@ def test_cli_and_api_anywhere(registry: Registry, planted):
 def test_cascade_with_its_paa_stage_still_finds_every_occurrence(registry: Registry, planted, monkeypatch):
     """Stage 1b (PAA-32 DTW) runs once stage 1 passes more runs than the exact pool: shrink both
     so that it runs on this small collection."""
-    from registry.similarity import anywhere as A
+    from registry.analysis.similarity import anywhere as A
 
     monkeypatch.setattr(A, "STAGE1_MIN", 14)
     monkeypatch.setattr(A, "POOL_MIN", 9)

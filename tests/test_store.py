@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from registry import Registry, SeriesData
-from registry.errors import AlreadyRegisteredError, InputError, NotFoundError, StepOrderError
+from registry.core.errors import AlreadyRegisteredError, InputError, NotFoundError, StepOrderError
 
 
 def test_stream_log_finish_and_read_back(registry: Registry):

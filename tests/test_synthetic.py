@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from registry.synthetic import (ANOMALY_KINDS, KIND_ALGORITHMS, KINDS, TASKS, generate_run, generate_suite,
+from registry.demo.synthetic import (ANOMALY_KINDS, KIND_ALGORITHMS, KINDS, TASKS, generate_run, generate_suite,
                                 run_outcome)
 
 

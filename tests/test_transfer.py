@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from registry import Registry
-from registry.dictionary import update_definition
-from registry.errors import InputError, RegistryError
-from registry.health import build_task_baseline
-from registry.transfer import _decode, export_registry, import_registry
+from registry import Registry, open_registry
+from registry.dictionary.definitions import update_definition
+from registry.core.errors import InputError, RegistryError
+from registry.analysis.baselines import build_task_baseline
+from registry.store.transfer import _decode, export_registry, import_registry
 
 
 def _fill(reg: Registry, sb3_runs: Path) -> None:
@@ -56,17 +56,17 @@ def _canonical_rows(path: Path) -> dict[str, list[str]]:
 
 
 def test_round_trip_sqlite_postgres_sqlite(sqlite_url: str, pg_url: str, sb3_runs: Path, tmp_path: Path):
-    source = Registry(sqlite_url)
+    source = open_registry(sqlite_url)
     _fill(source, sb3_runs)
     first = tmp_path / "first.jsonl.gz"
     counts = export_registry(source, first)
     assert counts["runs"] == 3 and counts["series_chunks"] > 0 and counts["health_baselines"] == 1
 
-    middle = Registry(pg_url)
+    middle = open_registry(pg_url)
     import_registry(middle, first)
     second = tmp_path / "second.jsonl.gz"
     export_registry(middle, second)
-    back = Registry(f"sqlite:///{tmp_path / 'back.db'}")
+    back = open_registry(f"sqlite:///{tmp_path / 'back.db'}")
     import_registry(back, second)
     third = tmp_path / "third.jsonl.gz"
     export_registry(back, third)
@@ -84,7 +84,7 @@ def test_round_trip_sqlite_postgres_sqlite(sqlite_url: str, pg_url: str, sb3_run
 
 
 def test_import_refuses_a_registry_in_use(sqlite_url: str, tmp_path: Path):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     reg.register_arrays("r", {"x": ([1], [1.0])})
     path = tmp_path / "e.jsonl.gz"
     export_registry(reg, path)
@@ -92,7 +92,7 @@ def test_import_refuses_a_registry_in_use(sqlite_url: str, tmp_path: Path):
         import_registry(reg, path)
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(b"not gzip")
-    other = Registry(f"sqlite:///{tmp_path / 'other.db'}")
+    other = open_registry(f"sqlite:///{tmp_path / 'other.db'}")
     with pytest.raises(InputError, match="bad.jsonl.gz"):
         import_registry(other, bad)
     assert other.list_runs()[1] == 0
@@ -101,16 +101,16 @@ def test_import_refuses_a_registry_in_use(sqlite_url: str, tmp_path: Path):
 def test_cli_export_then_import(sqlite_url: str, tmp_path: Path):
     from click.testing import CliRunner
 
-    from registry.cli import cli
+    from registry.cli.main import cli
 
-    Registry(sqlite_url).register_arrays("r", {"x": ([1, 2], [1.0, math.nan])})
+    open_registry(sqlite_url).register_arrays("r", {"x": ([1, 2], [1.0, math.nan])})
     runner = CliRunner()
     out = runner.invoke(cli, ["--db", sqlite_url, "export", str(tmp_path / "e.gz")])
     assert out.exit_code == 0 and "1 runs" in out.output
     target = f"sqlite:///{tmp_path / 't.db'}"
     out = runner.invoke(cli, ["--db", target, "import", str(tmp_path / "e.gz")])
     assert out.exit_code == 0, out.output
-    assert math.isnan(Registry(target).read_series("r", "x").values[1])
+    assert math.isnan(open_registry(target).read_series("r", "x").values[1])
     again = runner.invoke(cli, ["--db", target, "import", str(tmp_path / "e.gz")])
     assert again.exit_code == 1 and "already holds runs" in again.output
 
@@ -130,9 +130,9 @@ def _write(path: Path, lines: list[str]) -> Path:
 
 
 def _exported(tmp_path: Path) -> tuple[Registry, Path]:
-    from registry.auth import create_token, create_user
+    from registry.store.auth import create_token, create_user
 
-    reg = Registry(f"sqlite:///{tmp_path / 'src.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path / 'src.db'}")
     for i in range(3):
         reg.register_arrays(f"run{i}", {"loss": ([1, 2, 3], [1.0, 0.5, 0.25]), "kl": ([1, 2], [0.1, 0.2])},
                             tags=["a", f"t{i}"], params={"lr": 10.0 ** -i})
@@ -162,7 +162,7 @@ def test_a_truncated_export_is_refused_naming_what_is_missing(tmp_path: Path, cu
         kept = [line for line in lines if '"t": "series"' not in line]
         assert "series" in tables
     broken = _write(tmp_path / f"cut-{cut}.jsonl.gz", kept)
-    target = Registry(f"sqlite:///{tmp_path / f'target-{cut}.db'}")
+    target = open_registry(f"sqlite:///{tmp_path / f'target-{cut}.db'}")
     with pytest.raises(InputError) as info:
         import_registry(target, broken)
     message = str(info.value)
@@ -189,7 +189,7 @@ def test_an_altered_export_is_refused(tmp_path: Path):
     index = next(i for i, line in enumerate(lines) if '"t": "runs"' in line)
     lines[index] = lines[index].replace('"run1"', '"runX"').replace('"run0"', '"runX"').replace('"run2"', '"runX"')
     altered = _write(tmp_path / "altered.jsonl.gz", lines)
-    target = Registry(f"sqlite:///{tmp_path / 'target.db'}")
+    target = open_registry(f"sqlite:///{tmp_path / 'target.db'}")
     with pytest.raises(InputError, match="runs: the rows differ from the exported ones"):
         import_registry(target, altered)
     _assert_untouched(target)
@@ -205,8 +205,8 @@ def test_an_altered_export_is_refused(tmp_path: Path):
 def test_cli_export_refuses_to_overwrite_without_force_and_can_leave_credentials_out(tmp_path: Path):
     from click.testing import CliRunner
 
-    from registry.auth import list_tokens
-    from registry.cli import cli
+    from registry.store.auth import list_tokens
+    from registry.cli.main import cli
 
     src, _ = _exported(tmp_path)
     db = ["--db", str(src.engine.url)]
@@ -230,15 +230,15 @@ def test_cli_export_refuses_to_overwrite_without_force_and_can_leave_credentials
     assert not list(tmp_path.glob(".*.part"))
     # Without credentials the target keeps its own users and gets the runs.
     dest_url = f"sqlite:///{tmp_path / 'dest.db'}"
-    from registry.auth import create_token, create_user
+    from registry.store.auth import create_token, create_user
 
-    dest = Registry(dest_url)
+    dest = open_registry(dest_url)
     create_user(dest, "admin", "admin-password")
     create_token(dest, "admin", "ops", scope="admin")
     assert runner.invoke(cli, ["--db", dest_url, "import", str(bare)]).exit_code == 0
     assert dest.list_runs()[1] == 3 and [t["user"] for t in list_tokens(dest)] == ["admin"]
     # With credentials the export's users come along (hashes only; the token secret never left).
-    full_dest = Registry(f"sqlite:///{tmp_path / 'full-dest.db'}")
+    full_dest = open_registry(f"sqlite:///{tmp_path / 'full-dest.db'}")
     import_registry(full_dest, target)
     assert [(t["user"], t["scope"]) for t in list_tokens(full_dest)] == [("alice", "read")]
     for reg in (src, dest, full_dest):

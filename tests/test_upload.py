@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from registry import Registry
-from registry.auth import create_token, create_user
-from registry.web import create_app
+from registry import open_registry
+from registry.store.auth import create_token, create_user
+from registry.web.app import create_app
 
 DATA = Path(__file__).resolve().parent / "data"
 GB2 = 2 * 1024**3
@@ -24,7 +24,7 @@ GB2 = 2 * 1024**3
 
 @pytest.fixture
 def env(db_url, tmp_path):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     create_user(reg, "uploader", "upload-password")
     token = create_token(reg, "uploader", "ci")
     uploads = tmp_path / "uploads"
@@ -230,7 +230,7 @@ def test_too_large_with_the_test_client(env):
 
 @pytest.fixture
 def live(tmp_path, sqlite_url):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "uploader", "upload-password")
     token = create_token(reg, "uploader", "ci")
     app = create_app({"REGISTRY": reg, "SECRET_KEY": "t", "UPLOAD_DIR": str(tmp_path / "uploads"),
@@ -328,7 +328,7 @@ def test_2gb_upload_to_the_production_server_is_refused_quickly(tmp_path, sqlite
     body from its headers, before reading or buffering it."""
     from test_client import Server
 
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     create_user(reg, "uploader", "upload-password")
     token = create_token(reg, "uploader", "ci")
     server = Server(sqlite_url, tmp_path)

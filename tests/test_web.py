@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 from markupsafe import Markup
 
-from registry import Registry, SeriesData
-from registry.web import create_app, panels
-from registry.web.curves import CompareOptions, SmoothOptions, build_units, compare_metrics, overlay_spec, run_plot_spec
+from registry import SeriesData, open_registry
+from registry.web.app import create_app
+from registry.web import panels
+from registry.web.curves import SmoothOptions, run_plot_spec
+from registry.web.compare_curves import CompareOptions, build_units, compare_metrics, overlay_spec
 from test_web_support import fill_registry
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """One SQLite registry for the read-only tests of this module."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('web') / 'registry.db'}"
-    reg = Registry(url)
+    url = f"sqlite:///{tmp_path_factory.mktemp('web') / 'registry.db.engine'}"
+    reg = open_registry(url)
     ids = fill_registry(reg)
     app = create_app({"REGISTRY": reg, "TESTING": True, "WTF_CSRF_ENABLED": False, "SECRET_KEY": "test"})
     yield app, ids
@@ -38,7 +40,7 @@ def ids(shared):
 @pytest.fixture
 def db_app(db_url):
     """A fresh registry on SQLite and on PostgreSQL, with the fixture runs and CSRF on."""
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=40)
     app = create_app({"REGISTRY": reg, "TESTING": True, "SECRET_KEY": "test"})
     yield app, ids
@@ -186,7 +188,7 @@ def test_unknown_run_is_404(client):
 
 
 def test_user_text_is_escaped(sqlite_url):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     reg.register_arrays("<script>alert(1)</script>", {"train/approx_kl": ([1, 2], [0.1, 0.2])},
                         framework="stable-baselines3", tags=["<img src=x>"], params={"<b>": "<i>"})
     app = create_app({"REGISTRY": reg, "TESTING": True})
@@ -221,7 +223,7 @@ def test_plot_cache_etag_304_and_invalidation(db_app):
     assert third.status_code == 200 and third.headers["X-Plot-Cache"] == "miss"
     # A dictionary edit (healthy range): a new definition version, so a new picture.
     etag3 = third.headers["ETag"]
-    from registry.dictionary import update_definition
+    from registry.dictionary.definitions import update_definition
 
     with reg.transaction() as session:
         update_definition(session, "kl_old_mean", {"healthy_range": {"low": None, "high": 0.02}}, "tester", "tighter")
@@ -260,7 +262,7 @@ def test_plot_data_downloads(client, ids):
 
 
 def test_million_point_curve_is_downsampled_and_renders_like_a_small_one(tmp_path):
-    reg = Registry(f"sqlite:///{tmp_path / 'big.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path / 'big.db'}")
     rng = np.random.default_rng(0)
     big_n = 1_000_000
     values = np.sin(np.arange(big_n) / 20000.0) + rng.normal(0, 0.05, big_n)
@@ -390,7 +392,7 @@ def test_edit_definition_needs_csrf_and_records_a_version(db_app):
     app, _ = db_app
     c = app.test_client()
     assert c.get("/dictionary/entropy/edit").status_code == 302  # to the login page
-    from registry.auth import create_user
+    from registry.store.auth import create_user
 
     create_user(app.extensions["rlregistry"], "Ada", "analytical-engine")
     login_page = c.get("/login")
@@ -438,7 +440,7 @@ def test_edit_definition_needs_csrf_and_records_a_version(db_app):
 
 
 def test_metric_columns_cover_every_framework_on_the_page():
-    from registry.web.views import pick_metric_columns
+    from registry.store.table_columns import pick_metric_columns
 
     defs = {
         "episode_return_mean": {"quantity": "return", "layer": "objective"},

@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from registry import Registry
-from registry.web import create_app
+from registry import open_registry
+from registry.web.app import create_app
 from test_web_support import check_response, fill_registry
 
 
 @pytest.fixture
 def api(db_url, openapi):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=30)
     client = create_app({"REGISTRY": reg, "TESTING": True}).test_client()
 
@@ -29,7 +29,7 @@ def api(db_url, openapi):
 
 
 def test_spec_is_served(db_url):
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     response = create_app({"REGISTRY": reg, "TESTING": True}).test_client().get("/api/openapi.yaml")
     assert response.status_code == 200 and yaml.safe_load(response.data)["openapi"].startswith("3.")
     reg.close()

@@ -6,14 +6,14 @@ import re
 
 import yaml
 
-from registry import Registry
-from registry.web import create_app
+from registry import open_registry
+from registry.web.app import create_app
 from registry.web.api import OPENAPI_PATH
 from test_web_support import check_response
 
 
 def _client(tmp_path):
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path / 'registry.db.engine'}")
     return reg, create_app({"REGISTRY": reg, "TESTING": True}).test_client()
 
 

@@ -20,11 +20,12 @@ from PIL import Image
 from sqlalchemy import delete, select
 from test_web_support import check_response, fill_registry
 
-from registry import Registry, health
-from registry.cli import cli
-from registry.health import current_findings, diagnose_run, findings_for_runs
-from registry.models import RunFindings
-from registry.web import create_app
+from registry import Registry, open_registry
+from registry.analysis import health
+from registry.cli.main import cli
+from registry.analysis.health import current_findings, diagnose_run, findings_for_runs
+from registry.db.models import RunFindings
+from registry.web.app import create_app
 
 SB3_NAMES = ("cartpole_healthy_s0", "cartpole_lr_too_high_5e-2", "cartpole_tiny_lr_1e-6", "pendulum_default_s0")
 CRITICAL_STRIP = (0xC5, 0x22, 0x1F)
@@ -62,7 +63,7 @@ def strip_pixels(png: bytes, rgb: tuple[int, int, int] = CRITICAL_STRIP, tol: in
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, sb3_runs_dir):
     """One SQLite registry with the SB3 runs and the fixture runs, for the read-only tests."""
-    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('panels') / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('panels') / 'registry.db.engine'}")
     ids = fill_registry(reg, n=40)
     ids.update(register_sb3(reg, sb3_runs_dir))
     yield reg, ids
@@ -92,7 +93,7 @@ def ids(shared):
 @pytest.fixture
 def fresh(db_url, sb3_runs):
     """A registry of its own on SQLite and on PostgreSQL: SB3 runs plus the fixture runs."""
-    reg = Registry(db_url)
+    reg = open_registry(db_url)
     ids = fill_registry(reg, n=40)
     ids.update(register_sb3(reg, sb3_runs))
     yield reg, ids
@@ -163,8 +164,9 @@ def test_plot_key_changes_when_the_diagnosis_changes(fresh):
     # A baseline for the task changes the diagnosis (entropy now also deviates from the healthy band)
     # without touching the run's points or the dictionary: the picture, and its key, change. (The
     # healthy run's curves stand in for three healthy runs: a weak baseline would only add info.)
-    from registry.diagnosis import build_baseline
-    from registry.health import _curves, save_baseline
+    from registry.analysis.diagnosis import build_baseline
+    from registry.analysis.baselines import save_baseline
+    from registry.analysis.inputs import run_curves as _curves
 
     healthy = _curves(reg, ids["cartpole_healthy_s0"])
     save_baseline(reg, build_baseline("CartPole-v1", [healthy] * 3), [ids["cartpole_healthy_s0"]], "tester")
@@ -275,7 +277,7 @@ def test_findings_column_recomputes_a_few_stale_rows_per_request_and_says_so(fre
 
 
 def test_store_diagnoses_on_registration_and_finish_and_never_fails_a_registration(sqlite_url, sb3_runs, monkeypatch):
-    reg = Registry(sqlite_url)
+    reg = open_registry(sqlite_url)
     run_id = reg.register(sb3_runs / "cartpole_lr_too_high_5e-2", algorithm="PPO").run_id
     with reg.read() as session:
         row = session.get(RunFindings, run_id)
@@ -285,7 +287,7 @@ def test_store_diagnoses_on_registration_and_finish_and_never_fails_a_registrati
     def broken(*args, **kwargs):
         raise RuntimeError("detector bug")
 
-    monkeypatch.setattr(health, "refresh_findings", broken)
+    monkeypatch.setattr(reg.hooks, "run_committed", [broken])  # the diagnosis subscriber fails
     other = reg.register(sb3_runs / "cartpole_healthy_s0", algorithm="PPO").run_id  # still registered
     with reg.read() as session:
         assert session.get(RunFindings, other) is None
@@ -402,7 +404,7 @@ def test_baseline_writes_need_a_login(fresh):
 
 
 def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
-    from registry.auth import create_user
+    from registry.store.auth import create_user
 
     reg, ids = fresh
     c = make_app(reg).test_client()  # CSRF on
@@ -517,7 +519,7 @@ def test_api_diagnosis_similar_and_baselines_match_the_spec(client, ids, openapi
 
 def test_api_baseline_matches_the_spec(fresh, openapi):
     reg, ids = fresh
-    from registry.health import build_task_baseline
+    from registry.analysis.baselines import build_task_baseline
 
     build_task_baseline(reg, "CartPole-v1", [ids["cartpole_healthy_s0"]], author="Ada", allow_weak=True)
     c = make_app(reg).test_client()

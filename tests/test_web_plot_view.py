@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from registry import Registry, SeriesData
-from registry.web import create_app, smoothing
+from registry import SeriesData, open_registry
+from registry.web.app import create_app
+from registry.web import smoothing
 from test_web_support import check_response
 
 N = 200_000
@@ -15,7 +16,7 @@ SPIKE_AT = 123_457  # a step inside the zoomed range below
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, openapi):
-    reg = Registry(f"sqlite:///{tmp_path_factory.mktemp('plotview') / 'registry.db'}")
+    reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('plotview') / 'registry.db.engine'}")
     rng = np.random.default_rng(3)
     steps = np.arange(1, N + 1, dtype=np.int64)
     kl = np.abs(rng.normal(0.01, 0.002, N))

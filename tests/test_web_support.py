@@ -16,7 +16,7 @@ from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from registry.web import smoothing
-from registry.web.downsample import downsample_indices
+from registry.core.downsample import downsample_indices
 
 
 def check_response(openapi, response, path: str, method: str = "GET", query_string=None) -> None:

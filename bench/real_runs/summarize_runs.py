@@ -18,7 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from registry.diagnosis.fixtures import load_sb3_run  # noqa: E402
+from registry.analysis.diagnosis.fixtures import load_sb3_run  # noqa: E402
 
 SWEEP = ROOT / "tests" / "data" / "real" / "sb3_sweep"
 SHOW = ("kl_old_mean", "clip_fraction", "entropy", "value_loss", "explained_variance", "policy_loss")

@@ -11,7 +11,7 @@ stored level with an HNSW index (m=16, ef_construction=64). Otherwise the table 
 as on SQLite and similarity search runs its candidate stage in NumPy; an application role
 that is not a superuser must not fail here just because the server has pgvector installed.
 The DDL is frozen here; a database that gains pgvector later gets the columns from
-``registry.similarity.index.ensure_vector_columns`` (called by ``rebuild_embeddings``).
+``registry.analysis.similarity.index.ensure_vector_columns`` (called by ``rebuild_embeddings``).
 """
 from alembic import op
 import sqlalchemy as sa
@@ -24,7 +24,7 @@ depends_on = None
 
 VECTOR_COLUMNS = ("v010", "v025", "v050", "v100")
 
-# frozen copy of registry.similarity.index.VECTOR_USABLE_SQL as of this revision
+# frozen copy of registry.analysis.similarity.index.VECTOR_USABLE_SQL as of this revision
 VECTOR_USABLE_SQL = """
 SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')
     OR EXISTS (SELECT 1 FROM pg_available_extension_versions v

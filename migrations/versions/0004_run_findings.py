@@ -4,7 +4,7 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-03 10:00:00
 
-One row per run (``registry.models.RunFindings``), written after a registration or a
+One row per run (``registry.db.models.RunFindings``), written after a registration or a
 finish and recomputed lazily when its stamps (data version, dictionary, task baseline,
 engine version) no longer match.
 """

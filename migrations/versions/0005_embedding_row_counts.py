@@ -11,7 +11,7 @@ table ``embedding_row_counts`` holds the count per version, kept exact by row tr
 insert, delete and version change, which covers every path that removes rows (foreign-key
 cascades from a deleted run or series included). Not on PostgreSQL: there concurrent
 registrations would queue on the one counter row per version, and the server counts with an
-index-only scan. The table is not mapped (``registry.similarity.index`` reads it with SQL), so
+index-only scan. The table is not mapped (``registry.analysis.similarity.index`` reads it with SQL), so
 an export neither carries nor overwrites it.
 """
 from alembic import op

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import os
 from typing import Any, Mapping, Sequence
 
-from registry.hparams import flatten
-from registry.integrations.stream import StreamingRun, _number
-from registry.semantics import SEMANTIC_FIELDS
+from config import wandb_settings
+from registry.core.hparams import flatten
+from registry.integrations.stream import StreamingRun, metric_value
+from registry.core.semantics import SEMANTIC_FIELDS
 
 _logger = logging.getLogger("registry.integrations")
 
@@ -92,8 +92,9 @@ class Run:
     def __init__(self, *, project: str | None, name: str | None, config: Any, tags: Sequence[str] | None,
                  group: str | None, job_type: str | None, notes: str | None, disabled: bool,
                  run_options: Mapping[str, Any]):
-        self.project = project or os.environ.get("WANDB_PROJECT") or "default"
-        self.name = name or os.environ.get("WANDB_NAME")
+        env = wandb_settings()
+        self.project = project or env["project"] or "default"
+        self.name = name or env["name"]
         self.tags = list(tags or [])
         if group:
             self.tags.append(f"group:{group}")
@@ -144,7 +145,7 @@ class Run:
         for at, metrics in sorted(by_step.items()):
             stream.log(at, metrics)
         for key, value in flat.items():
-            number = _number(value)
+            number = metric_value(value)
             if number is not None:
                 self._last[key] = number
         if commit is None:
@@ -170,7 +171,7 @@ class Run:
             return
         self._finished = True
         stream = self._ensure_stream()
-        scores = {k: _number(v) for k, v in self.summary.items() if not isinstance(v, bool) and _number(v) is not None}
+        scores = {k: metric_value(v) for k, v in self.summary.items() if not isinstance(v, bool) and metric_value(v) is not None}
         if scores:
             stream.set_outcome(scores=scores)
         stream.finish("crashed" if exit_code else "finished")
@@ -230,7 +231,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     """Start a run (W&B's signature; ``db``/``url``/``token`` choose the registry, else the environment)."""
     if run is not None and not run._finished:
         run.finish()
-    disabled = (mode or os.environ.get("WANDB_MODE")) == "disabled"
+    disabled = (mode or wandb_settings()["mode"]) == "disabled"
     options = {k: v for k, v in (("db", db), ("url", url), ("token", token)) if v}
     new = Run(project=project, name=name, config=config, tags=tags, group=group, job_type=job_type, notes=notes,
               disabled=disabled, run_options=options)

@@ -3,20 +3,26 @@
 ``open_source`` picks the importer (by name, or by sniffing the path) and makes sure
 the input holds at least one metric point; ``fingerprint`` identifies a source by
 content so that registering the same files twice can be recognised.
+
+Trackers' stores (``HISTORY_FORMATS``: an MLflow database or ``mlruns/``, a trackio database,
+W&B run directories and history exports) hold many runs each: ``resolve_format`` names them
+like any other format, and ``registry.importers.history.open_store`` lists their runs.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
-from registry.errors import InputError, UnknownFormatError
+from registry.core.errors import InputError, UnknownFormatError
 from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log
 from registry.importers.base import Point, Source
 from registry.importers.detect import detect_format
 
-__all__ = ["IMPORTERS", "Point", "Source", "fingerprint", "open_source", "run_paths"]
+__all__ = ["FORMATS", "HISTORY_FORMATS", "IMPORTERS", "Point", "Source", "fingerprint", "is_database_url",
+           "open_source", "resolve_format", "run_paths"]
 
 IMPORTERS: dict[str, Callable[[Path], Source]] = {
     tensorboard.FORMAT: tensorboard.open_tensorboard,
@@ -27,7 +33,52 @@ IMPORTERS: dict[str, Callable[[Path], Source]] = {
     tabular.JSONL_FORMAT: tabular.open_jsonl,
 }
 
+# Formats read as a tracker's store of runs (registry.importers.history), not as one Source.
+HISTORY_FORMATS = ("mlflow", "trackio", "wandb")
+FORMATS = [*IMPORTERS, *HISTORY_FORMATS]
+
 _CHUNK = 1 << 20
+_DATABASE_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+]*://")
+
+
+def is_database_url(path: Path | str) -> bool:
+    """A SQLAlchemy URL (``sqlite:///mlflow.db``, ``postgresql://...``) rather than a path: an
+    MLflow tracking database named the way MLflow's own ``--backend-store-uri`` names it."""
+    return isinstance(path, str) and bool(_DATABASE_URL.match(path))
+
+
+def resolve_format(path: Path | str, format: str | None = None) -> str:
+    """The format that reads ``path``: ``format`` checked against the known ones, or detected.
+
+    A database URL is MLflow's tracking database. Raises InputError for a missing or empty
+    file and UnknownFormatError for an unknown name or unrecognisable content.
+    """
+    if is_database_url(path):
+        if format not in (None, "mlflow"):
+            raise UnknownFormatError(f"a database URL is read as an MLflow tracking database, not {format!r}",
+                                     redact_url(str(path)))
+        return "mlflow"
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such file or directory", str(path))
+    if path.is_file() and _is_blank(path):
+        raise InputError("no metric points found (the file is empty)", str(path))
+    if format is None:
+        return detect_format(path, FORMATS)
+    if format not in FORMATS:
+        raise UnknownFormatError(f"unknown format {format!r}; known formats: {', '.join(FORMATS)}", str(path))
+    return format
+
+
+def redact_url(url: str) -> str:
+    """A database URL as it may be shown and stored: without its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def open_source(path: Path | str, format: str | None = None) -> Source:
@@ -37,15 +88,11 @@ def open_source(path: Path | str, format: str | None = None) -> Source:
     InputError("no metric points found") for an empty input. Only the first point is
     read here; a problem further into the file surfaces while iterating ``points()``.
     """
+    format = resolve_format(path, format)
     path = Path(path)
-    if not path.exists():
-        raise InputError("no such file or directory", str(path))
-    if path.is_file() and _is_blank(path):
-        raise InputError("no metric points found (the file is empty)", str(path))
-    if format is None:
-        format = detect_format(path, list(IMPORTERS))
-    elif format not in IMPORTERS:
-        raise UnknownFormatError(f"unknown format {format!r}; known formats: {', '.join(IMPORTERS)}", str(path))
+    if format not in IMPORTERS:
+        raise UnknownFormatError(f"{format} holds a tracker's runs, not one log: register it with "
+                                 "Registry.register or register_all", str(path))
     source = IMPORTERS[format](path)
     with closing(source.points()) as points:
         if next(points, None) is None:

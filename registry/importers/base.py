@@ -8,15 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
-
-class Point(NamedTuple):
-    key: str            # metric key exactly as logged
-    step: int
-    value: float        # NaN and +-Inf are legal values and must be passed through
-    wall_time: float | None
-    position: str       # where in the input this point came from, e.g. "line 17"
+from registry.core.series import Point
 
 
 @dataclass

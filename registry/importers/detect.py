@@ -4,18 +4,25 @@ Content comes first so a CSV saved as ``.txt`` or a JSON Lines file saved as ``.
 is still read right; the extension only breaks ties afterwards, so that a damaged
 ``run.csv`` is reported by the CSV importer ("no step column") instead of as an
 unknown format.
+
+Trackers' stores (an MLflow database or ``mlruns/``, a trackio database, a W&B run directory,
+``.wandb`` log or Parquet export) are tried before the logs, so a W&B run directory that also
+holds TensorBoard files is read as the W&B run, with its config and summary.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from registry.errors import UnknownFormatError
-from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log
+from registry.core.errors import UnknownFormatError
+from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log, mlflow, trackio, wandb
 from registry.importers.textio import read_head
 
 # In the order they are tried; cheap checks on the head before the verl log scan.
 SNIFFERS: tuple[tuple[str, Callable[[Path, bytes], bool]], ...] = (
+    (mlflow.FORMAT, lambda path, head: mlflow.sniff(path)),
+    (trackio.FORMAT, lambda path, head: trackio.sniff(path)),
+    (wandb.FORMAT, lambda path, head: wandb.sniff(path)),
     (tensorboard.FORMAT, tensorboard.sniff),
     (trainer_state.FORMAT, trainer_state.sniff),
     (verl_file.FORMAT, verl_file.sniff),

@@ -24,10 +24,10 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from registry.errors import InputError
-from registry.importers.history import HistoryRun, check_sqlite, series_from_columns, sqlite_tables
+from registry.core.errors import InputError
+from registry.importers.tracker_base import HistoryRun, check_sqlite, series_from_columns, sqlite_tables
 from registry.importers.params import parse_value
-from registry.series import SeriesData
+from registry.core.series import SeriesData
 
 FORMAT = "mlflow"
 _TABLES = {"experiments", "runs", "metrics", "params"}
@@ -46,10 +46,31 @@ def sniff(path: Path) -> bool:
 
 
 def open_runs(path: Path | str) -> Iterator[HistoryRun]:
-    """Every run of an MLflow store: a database file or URL, or an ``mlruns`` directory."""
+    """Every run of an MLflow store: a database file or URL, or an ``mlruns`` directory.
+
+    A ``sqlite:///`` URL is read as the file it names (which must exist: opening a missing one
+    would create it); any other URL (``postgresql://``, ``mysql://``) through SQLAlchemy, with
+    ``postgresql://`` pinned to the psycopg 3 driver the registry itself uses. The password
+    never appears in messages or in the runs' recorded source.
+    """
     text = str(path)
-    if "://" in text:
-        return _database_runs(text, Path(text.split("://", 1)[1] if text.startswith("sqlite") else text))
+    if isinstance(path, str) and "://" in text:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        from registry.db.engine import normalize_url
+        from registry.importers import redact_url
+
+        shown = redact_url(text)
+        try:
+            url = make_url(normalize_url(text))
+        except ArgumentError as exc:
+            raise InputError(f"not a database URL ({exc})", shown) from None
+        if url.get_backend_name() == "sqlite":
+            if not url.database or url.database == ":memory:":
+                raise InputError("an MLflow database URL must name a file", shown)
+            return open_runs(Path(url.database))
+        return _database_runs(url, shown)
     path = Path(path)
     if path.is_dir():
         return _file_store_runs(path)
@@ -58,12 +79,13 @@ def open_runs(path: Path | str) -> Iterator[HistoryRun]:
     missing = _TABLES - sqlite_tables(path)
     if missing:
         raise InputError(f"not an MLflow tracking database (no table {', '.join(sorted(missing))})", str(path))
-    return _database_runs(f"sqlite:///{path.resolve()}", path)
+    # Read-only: importing never writes to (or creates a journal beside) the tracker's database.
+    return _database_runs(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true", path)
 
 
 # --- tracking database ---------------------------------------------------------------------
 
-def _database_runs(url: str, label: Path) -> Iterator[HistoryRun]:
+def _database_runs(url: Any, label: Path | str) -> Iterator[HistoryRun]:
     from sqlalchemy import create_engine
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -80,6 +102,7 @@ def _database_runs(url: str, label: Path) -> Iterator[HistoryRun]:
                 cur.execute("select run_uuid, name, status, experiment_id, lifecycle_stage from runs "
                             "order by start_time, run_uuid")
                 runs = cur.fetchall()
+                metrics_sql = _metrics_query(cur, engine.dialect.name)
             except Exception as exc:  # noqa: BLE001 - the driver's own DatabaseError
                 raise InputError(f"cannot read the MLflow runs ({exc})", str(label)) from None
             for run_uuid, name, status, experiment_id, stage in runs:
@@ -94,7 +117,7 @@ def _database_runs(url: str, label: Path) -> Iterator[HistoryRun]:
                     raise InputError(f"run {run_uuid}: cannot read its params or tags ({exc})", str(label)) from None
 
                 def load(run_uuid: str = run_uuid, verl: bool = _is_verl(params)) -> dict[str, SeriesData]:
-                    return _database_metrics(engine, q, run_uuid, label, verl)
+                    return _database_metrics(engine, q, metrics_sql, run_uuid, label, verl)
 
                 yield _history_run(label, run_uuid, name or tags.get("mlflow.runName") or run_uuid,
                                    experiments.get(str(experiment_id)), params, tags, status, load)
@@ -104,9 +127,29 @@ def _database_runs(url: str, label: Path) -> Iterator[HistoryRun]:
         engine.dispose()
 
 
-def _database_metrics(engine, q, run_uuid: str, label: Path, verl: bool) -> dict[str, SeriesData]:
-    """One query per metric over MLflow's (run_uuid, key, step) index: rows of four numbers, turned into
-    one float array in C (a row with the key string in it costs a tuple and a string per point)."""
+_METRICS = "select step, timestamp, value, is_nan from metrics{hint} where run_uuid = ? and key = ?"
+_RUN_KEY_STEP_INDEX = "index_metrics_run_uuid_key_step"   # MLflow's own, since its 1.x migrations
+# A metric row as numbers: steps and times stay exact integers (no trip through float64).
+_ROW = np.dtype([("step", np.int64), ("timestamp", np.int64), ("value", np.float64), ("is_nan", np.int8)])
+
+
+def _metrics_query(cur: Any, dialect: str) -> str:
+    """One metric of one run. On SQLite, through MLflow's (run_uuid, key, step) index by name: left to
+    itself SQLite's planner takes the primary key (key, timestamp, ...) and scans the metric's rows of
+    every run to find one run's, which makes importing a store quadratic in its number of runs."""
+    if dialect == "sqlite":
+        cur.execute("select 1 from sqlite_master where type = 'index' and name = ?", (_RUN_KEY_STEP_INDEX,))
+        if cur.fetchone() is not None:
+            return _METRICS.format(hint=f" indexed by {_RUN_KEY_STEP_INDEX}")
+        return _METRICS.format(hint="")
+    return _METRICS.format(hint="").replace("?", "%s")
+
+
+def _database_metrics(engine, q, metrics_sql: str, run_uuid: str, label: Path | str,
+                      verl: bool) -> dict[str, SeriesData]:
+    """One query per metric over MLflow's (run_uuid, key, step) index, its rows (four numbers each, no
+    key string) read straight into one structured array; sorted by step, then logging time, only when
+    the index order (step, then insertion) is not already that."""
     data: dict[str, SeriesData] = {}
     with engine.connect() as conn:
         cur = conn.connection.dbapi_connection.cursor()
@@ -114,14 +157,15 @@ def _database_metrics(engine, q, run_uuid: str, label: Path, verl: bool) -> dict
             cur.execute(q("select distinct key from metrics where run_uuid = ?"), (run_uuid,))
             keys = sorted(row[0] for row in cur.fetchall())
             for key in keys:
-                cur.execute(q("select step, timestamp, value, is_nan from metrics where run_uuid = ? and key = ?"),
-                            (run_uuid, key))
-                rows = np.array(cur.fetchall(), dtype=np.float64).reshape(-1, 4)
-                order = np.lexsort((rows[:, 1], rows[:, 0]))  # by step, then logging time
-                rows = rows[order]
-                values = _restore_values(rows[:, 2], rows[:, 3] != 0)
+                cur.execute(metrics_sql, (run_uuid, key))
+                rows = np.fromiter(cur, dtype=_ROW)
+                steps = rows["step"]
+                if len(rows) > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+                    rows = rows[np.lexsort((rows["timestamp"], steps))]
+                    steps = rows["step"]
+                values = _restore_values(rows["value"], rows["is_nan"] != 0)
                 data[_VERL_AT.sub("@", key) if verl else key] = SeriesData(
-                    rows[:, 0].astype(np.int64), values, rows[:, 1] / 1000.0)
+                    np.ascontiguousarray(steps), values, rows["timestamp"] / 1000.0)
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - the driver's own DatabaseError
@@ -239,7 +283,7 @@ def _typed(text: str) -> Any:
     return text if isinstance(value, dict) else value
 
 
-def _history_run(path: Path, run_id: str, name: str, project: str | None, params: dict[str, str],
+def _history_run(path: Path | str, run_id: str, name: str, project: str | None, params: dict[str, str],
                  tags: dict[str, str], status: str | None, load) -> HistoryRun:
     verl = _is_verl(params)
     typed = {(k.replace("/", ".") if verl else k): _typed(v) for k, v in params.items()}

@@ -14,65 +14,17 @@ is read as those assignments.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
-from registry.errors import InputError
+from registry.core.errors import InputError
+from registry.core.yaml12 import Yaml12Loader
 
-_INT = "tag:yaml.org,2002:int"
-_FLOAT = "tag:yaml.org,2002:float"
-_BOOL = "tag:yaml.org,2002:bool"
 _NULL_WORDS = {"null", "Null", "NULL", "~", "None"}
 _BOOL_WORDS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema numbers and booleans."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT, _BOOL)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(
-    _INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
-)
-_Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?
-            |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
-    text = loader.construct_scalar(node).replace("_", "")
-    try:
-        return int(text, 0) if text[:2].lower() in ("0x", "0o") else int(text, 10)
-    except ValueError:
-        raise yaml.constructor.ConstructorError(None, None, f"not an integer: {text!r}", node.start_mark)
-
-
-def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> float:
-    text = loader.construct_scalar(node).replace("_", "").lower().replace(".inf", "inf").replace(".nan", "nan")
-    try:
-        return float(text)
-    except ValueError:
-        raise yaml.constructor.ConstructorError(None, None, f"not a number: {text!r}", node.start_mark)
-
-
-_Loader.add_constructor(_INT, _construct_int)
-_Loader.add_constructor(_FLOAT, _construct_float)
-
-# Public name for other modules that read YAML the same way (the dictionary files).
-Yaml12Loader = _Loader
 
 
 def load_params_file(path: Path | str) -> dict[str, Any]:
@@ -105,7 +57,7 @@ def _parse_json(text: str, path: Path) -> Any:
 
 def _parse_yaml(text: str, path: Path) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - Yaml12Loader is a SafeLoader
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
@@ -147,7 +99,7 @@ def parse_value(raw: str, where: str = "parameter") -> Any:
         return text[1:-1]
     if text[:1] in ("[", "{"):
         try:
-            return yaml.load(text, Loader=_Loader)  # noqa: S506
+            return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506
         except (yaml.YAMLError, RecursionError) as exc:
             raise InputError(f"not a valid list or mapping ({exc})", where) from None
     return text

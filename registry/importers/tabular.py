@@ -28,12 +28,11 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from registry.errors import InputError
-from registry.importers.base import Point, Source
+from registry.core.errors import InputError
+from registry.core.series import Point
+from registry.importers.base import Source
 from registry.importers.textio import numbered_lines
-from registry.importers.values import (
-    STEP_NAMES, WALL_TIME_NAMES, as_step, as_value, parse_number, pick_column,
-)
+from registry.importers.values import STEP_NAMES, WALL_TIME_NAMES, as_step, as_value, parse_number, pick_column
 
 CSV_FORMAT = "csv"
 JSONL_FORMAT = "jsonl"

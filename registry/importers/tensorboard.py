@@ -30,8 +30,9 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
-from registry.errors import InputError
-from registry.importers.base import Point, Source
+from registry.core.errors import InputError
+from registry.core.series import Point
+from registry.importers.base import Source
 
 FORMAT = "tensorboard"
 EVENT_FILE_MARK = ".tfevents"

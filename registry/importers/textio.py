@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from registry.errors import InputError
+from registry.core.errors import InputError
 
 _BOM = "\ufeff"
 

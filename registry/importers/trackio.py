@@ -17,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from registry.errors import InputError
-from registry.importers.history import HistoryRun, check_sqlite, series_from_columns, sqlite_tables
-from registry.series import SeriesData
+from registry.core.errors import InputError
+from registry.importers.tracker_base import HistoryRun, check_sqlite, series_from_columns, sqlite_tables
+from registry.core.series import SeriesData
 
 FORMAT = "trackio"
 _NONFINITE = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
@@ -61,7 +61,10 @@ def open_runs(path: Path | str) -> Iterator[HistoryRun]:
         def load(run_key: str = run_key) -> dict[str, SeriesData]:
             return _metrics(path, id_column, run_key)
 
-        yield HistoryRun(format=FORMAT, path=path, key=f"{path.stem}/{run_key}", name=run_name or str(run_key),
+        # trackio's run ids are uuids: the key does not depend on where the file is or what it is called
+        # (an uploaded copy is the same run); older files without them are keyed by project and run name.
+        key = str(run_key) if id_column == "run_id" else f"{path.stem}/{run_key}"
+        yield HistoryRun(format=FORMAT, path=path, key=key, name=run_name or str(run_key),
                          load=load, project=path.stem, params=params,
                          tags=[f"group:{group}"] if group else [])
 

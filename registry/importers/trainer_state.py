@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from registry.errors import InputError
-from registry.importers.base import Point, Source
+from registry.core.errors import InputError
+from registry.core.series import Point
+from registry.importers.base import Source
 from registry.importers.values import as_step, as_value
 
 FORMAT = "trainer_state"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from registry.errors import InputError
+from registry.core.errors import InputError
 
 # Names a step axis goes by, in order of preference when a file has several. W&B's
 # ``_step`` only counts logging calls, so it is the last resort: a CleanRL run synced to

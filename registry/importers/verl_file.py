@@ -17,8 +17,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from registry.errors import InputError
-from registry.importers.base import Point, Source
+from registry.core.errors import InputError
+from registry.core.series import Point
+from registry.importers.base import Source
 from registry.importers.tabular import first_json_object, flatten_record, json_number
 from registry.importers.textio import numbered_lines
 from registry.importers.values import as_step

@@ -27,7 +27,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from registry.importers.base import Point, Source
+from registry.core.series import Point
+from registry.importers.base import Source
 from registry.importers.textio import numbered_lines
 from registry.importers.values import as_step, parse_number
 
@@ -54,7 +55,7 @@ def sniff(path: Path, head: bytes) -> bool:
     read = 0
     for _, line in numbered_lines(path, errors="replace"):
         read += len(line)
-        if _SNIFF_RECORD.match(_body(line)):
+        if _SNIFF_RECORD.match(clean_line(line)):
             return True
         if read > _SNIFF_LIMIT:
             break
@@ -97,12 +98,12 @@ class _Record:
 def _records(path: Path) -> Iterator[_Record]:
     record: _Record | None = None
     for number, line in numbered_lines(path, errors="replace"):
-        body = _body(line)
-        if _RECORD_START.match(body):
+        body = clean_line(line)
+        if starts_record(body):
             if record is not None:
                 yield record
             record = _Record(number, body)
-        elif record is not None and _is_continuation(body):
+        elif record is not None and continues_record(body):
             record.extend(number, body)
         elif record is not None:
             yield record
@@ -111,14 +112,24 @@ def _records(path: Path) -> Iterator[_Record]:
         yield record
 
 
-def _body(line: str) -> str:
-    """A physical line without its line ending, ANSI colours and Ray decorations."""
+# The line-level rules below are public: ``registry.integrations.follow`` parses a growing log with them, a
+# line at a time, so a followed log and a registered one are read alike.
+
+def clean_line(line: str) -> str:
+    """A physical line without its line ending, ANSI colours and Ray decorations (``(TaskRunner
+    pid=1)`` prefix, ``[repeated 3x across cluster]`` suffix)."""
     text = _ANSI.sub("", line.rstrip("\r\n"))
     text = _RAY_PREFIX.sub("", text, count=1)
     return _RAY_REPEATED.sub("", text)
 
 
-def _is_continuation(body: str) -> bool:
+def starts_record(body: str) -> bool:
+    """Whether a cleaned line opens a metric record (``step:12 - ...`` or a bare ``step:12``)."""
+    return bool(_RECORD_START.match(body))
+
+
+def continues_record(body: str) -> bool:
+    """Whether a cleaned line is a wrapped fragment of the open record (see the module docstring)."""
     pieces = [piece for piece in _SEPARATOR.split(body.strip().removeprefix("- ")) if piece]
     if not pieces or _has_space(pieces[0]):
         return False  # prose, a tqdm bar, a config dump
@@ -154,19 +165,19 @@ class _Skipped:
 
 
 def _record_points(record: _Record, source: str, skipped: _Skipped) -> Iterator[Point]:
-    pairs = list(_pairs(record.text))
+    pairs = list(record_pairs(record.text))
     step_offset, _, step_text = pairs[0]
     step = as_step(step_text, source, f"line {record.line_at(step_offset)}")
     for offset, key, text in pairs[1:]:
         line = record.line_at(offset)
-        value = _number(text)
+        value = console_number(text)
         if value is None:
             skipped.add(key, line)
         else:
             yield Point(key, step, value, None, f"line {line}")
 
 
-def _pairs(text: str) -> Iterator[tuple[int, str, str]]:
+def record_pairs(text: str) -> Iterator[tuple[int, str, str]]:
     """``(offset, key, value_text)`` for each ``key:value`` piece; the first is ``step``."""
     offset = 0
     for match in [*_SEPARATOR.finditer(text), None]:
@@ -178,6 +189,7 @@ def _pairs(text: str) -> Iterator[tuple[int, str, str]]:
         offset = match.end() if match else end
 
 
-def _number(text: str) -> float | None:
+def console_number(text: str) -> float | None:
+    """A value's text as a float (numpy reprs like ``np.float64(0.5)`` unwrapped); None if not a number."""
     wrapped = _NUMPY_SCALAR.match(text)
     return parse_number(wrapped.group(1) if wrapped else text)

@@ -27,9 +27,9 @@ from typing import Any, Iterator
 
 import yaml
 
-from registry.errors import InputError
-from registry.importers.history import HistoryRun, plain_scores, series_from_columns
-from registry.series import SeriesData
+from registry.core.errors import InputError
+from registry.importers.tracker_base import HistoryRun, plain_scores, series_from_columns
+from registry.core.series import SeriesData
 
 FORMAT = "wandb"
 STEP_COLUMNS = ("train/global_step", "global_step", "_step")
@@ -41,11 +41,11 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def sniff(path: Path) -> bool:
+    """A run directory or a folder of them, a ``.wandb`` log or a Parquet file, told by content (an
+    upload is stored under a generated name). A CSV export is only read with ``format="wandb"``."""
     if path.is_dir():
         return _is_run_dir(path) or any(_is_run_dir(d) for d in _run_dirs(path))
-    if path.suffix == ".parquet":
-        return _head(path, 4) == _PARQUET_MAGIC
-    return path.suffix == ".wandb" and _head(path, 4) == _HEADER
+    return _head(path, 4) in (_PARQUET_MAGIC, _HEADER)
 
 
 def open_runs(path: Path | str) -> Iterator[HistoryRun]:
@@ -56,10 +56,11 @@ def open_runs(path: Path | str) -> Iterator[HistoryRun]:
         dirs = [d for d in _run_dirs(path) if _is_run_dir(d)]
         if not dirs:
             raise InputError("not a W&B run directory (no files/ or run-*.wandb)", str(path))
-        return (_run_dir_run(d) for d in dirs)
-    if path.suffix == ".wandb":
-        return iter([_run_dir_run(path.parent)])
-    if path.suffix == ".parquet" or _head(path, 4) == _PARQUET_MAGIC:
+        return (_run_dir_run_or_failure(d) for d in dirs)
+    head = _head(path, 4)
+    if head == _HEADER:
+        return iter([_run_dir_run(path.parent, path)])
+    if head == _PARQUET_MAGIC:
         return iter([_table_run(path, _parquet_columns(path))])
     return iter([_table_run(path, _csv_columns(path))])
 
@@ -80,8 +81,9 @@ def _is_run_dir(path: Path) -> bool:
                               or (path / "files" / "wandb-history.jsonl").is_file())
 
 
-def _run_dir_run(directory: Path) -> HistoryRun:
-    log_file = next(iter(sorted(directory.glob("run-*.wandb"))), None)
+def _run_dir_run(directory: Path, log_file: Path | None = None) -> HistoryRun:
+    """The run of a run directory, or of the given ``.wandb`` log (with the directory's ``files/``)."""
+    log_file = log_file or next(iter(sorted(directory.glob("run-*.wandb"))), None)
     records = _Records(log_file) if log_file is not None else None
     files = directory / "files"
     config = _config_yaml(files / "config.yaml") if (files / "config.yaml").is_file() else None
@@ -113,6 +115,22 @@ def _run_dir_run(directory: Path) -> HistoryRun:
                      project=records.project if records else None, params=config,
                      tags=records.tags if records else [], status=status, scores=scores)
     return run
+
+
+def _run_dir_run_or_failure(directory: Path) -> HistoryRun:
+    """One run of a ``wandb/`` folder; a run directory that cannot be read becomes a run whose loading
+    fails with the reason, so the folder's other runs are still registered (and this one is reported)."""
+    try:
+        return _run_dir_run(directory)
+    except InputError as exc:
+        error = exc
+
+        def load() -> dict[str, SeriesData]:
+            raise error
+
+        # The directory name ends with W&B's run id, the key the readable run would have had.
+        return HistoryRun(format=FORMAT, path=directory, key=directory.name.rsplit("-", 1)[-1],
+                          name=directory.name, load=load)
 
 
 class _Records:

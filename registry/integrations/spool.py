@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from registry.errors import InputError
+from registry.core.errors import InputError
 
 
 def _encode(value: Any) -> Any:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -32,8 +31,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from registry.integrations import lifecycle
-from registry.integrations import spool as spool_io
+from config import logging_target
+from registry.integrations import lifecycle, spool as spool_io
 from registry.integrations.targets import Target, TargetDown, TargetRefused, open_target
 
 log = logging.getLogger("registry.integrations")
@@ -76,8 +75,7 @@ class StreamingRun:
         self.flush_points = flush_points
         self.flush_seconds = flush_seconds
         self.retry_limit = retry_limit
-        self.spool_dir = Path(spool_dir or os.environ.get("RLREG_SPOOL_DIR")
-                              or Path.home() / ".cache" / "rlregistry" / "spool")
+        self.spool_dir = Path(spool_dir or logging_target()["spool_dir"])
         self.spool_path: Path | None = None   # set once the run falls back to the spool
         self.pending: deque[dict[str, Any]] = deque()
         self.dropped_points = 0               # points of batches the registry refused on their merits
@@ -135,7 +133,7 @@ class StreamingRun:
 
     def _buffer_metrics(self, step: int, metrics: Mapping[str, Any], now: float) -> None:
         for key, value in metrics.items():
-            number = _number(value)
+            number = metric_value(value)
             if number is None or not isinstance(key, str) or not key:
                 continue
             last = self._last_step.get(key)
@@ -168,7 +166,7 @@ class StreamingRun:
             if outcome.get(key) is not None:
                 record[key] = outcome[key]
         if outcome.get("scores"):
-            record["scores"] = {k: v for k, v in ((k, _number(v)) for k, v in outcome["scores"].items())
+            record["scores"] = {k: v for k, v in ((k, metric_value(v)) for k, v in outcome["scores"].items())
                                 if v is not None and math.isfinite(v)}
         if outcome.get("checkpoints"):
             record["checkpoints"] = [[int(c[0]), str(c[1])] for c in outcome["checkpoints"]]
@@ -296,8 +294,10 @@ class StreamingRun:
             log.warning("rlregistry: %s", message)
 
 
-def _number(value: Any) -> float | None:
-    """A float for numbers (bools, NumPy scalars and one-element tensors included); None otherwise."""
+def metric_value(value: Any) -> float | None:
+    """A logged value as a metric: a float for numbers (bools, NumPy scalars and one-element tensors
+    included); None for anything else (text, media, multi-element tensors), which callers skip.
+    Shared by every integration (``registry.compat.wandb`` included) so they all keep the same values."""
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
@@ -328,10 +328,11 @@ def plain_params(value: Any, depth: int = 0) -> Any:
 
 def _describe_intended(url: str | None, db: str | None) -> str | None:
     """How the target that could not be opened would describe itself (to match its spool files later)."""
-    url = url or (None if db else os.environ.get("RLREG_URL"))
+    env = logging_target()
+    url = url or (None if db else env["url"])
     if url:
         return url.rstrip("/")
-    db = db or os.environ.get("RLREG_DATABASE_URL")
+    db = db or env["db"]
     if not db:
         return None
     try:

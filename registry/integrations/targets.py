@@ -7,10 +7,15 @@ as one of two exceptions: :class:`TargetDown` (try again later) or :class:`Targe
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Mapping, Protocol
 
 import numpy as np
+
+from config import logging_target
+from registry import open_registry
+from registry.client import RemoteAuthError, RemoteError, RemoteRegistry
+from registry.core.errors import AlreadyRegisteredError, RegistryError
+from registry.core.series import SeriesData
 
 
 class TargetDown(Exception):
@@ -38,22 +43,21 @@ def json_value(value: float) -> float | str:
 def open_target(*, url: str | None = None, token: str | None = None, db: str | None = None,
                 retry_seconds: float = 2.0) -> Target:
     """A server when ``url`` (or ``RLREG_URL``) is set, else the database ``db`` / ``RLREG_DATABASE_URL``."""
-    url = url or (None if db else os.environ.get("RLREG_URL"))
+    env = logging_target()
+    url = url or (None if db else env["url"])
     if url:
-        token = token or os.environ.get("RLREG_TOKEN")
+        token = token or env["token"]
         if not token:
             raise ValueError("a registry server URL needs a token (RLREG_TOKEN; `rlreg token create`)")
         return RemoteTarget(url, token, retry_seconds=retry_seconds)
-    return LocalTarget(db or os.environ.get("RLREG_DATABASE_URL"))
+    return LocalTarget(db or env["db"])
 
 
 class LocalTarget:
     """A registry database opened in this process (SQLite file or PostgreSQL)."""
 
     def __init__(self, url: str | None):
-        from registry.store import Registry
-
-        self.registry = Registry(url)
+        self.registry = open_registry(url)
         self.url = self.registry.engine.url.render_as_string(hide_password=True)
 
     def describe(self) -> str:
@@ -61,8 +65,6 @@ class LocalTarget:
 
     def _call(self, fn, *args: Any, **kwargs: Any) -> Any:
         from sqlalchemy.exc import SQLAlchemyError
-
-        from registry.errors import AlreadyRegisteredError, RegistryError
 
         try:
             return fn(*args, **kwargs)
@@ -79,8 +81,6 @@ class LocalTarget:
         self._call(self.registry.create_run, name, **spec)
 
     def send(self, run_id: str, record: Mapping[str, Any]) -> None:
-        from registry.series import SeriesData
-
         kind = record["kind"]
         if kind == "batch":
             data = {k: SeriesData(np.asarray(p["steps"], np.int64), np.asarray(p["values"], np.float64),
@@ -101,8 +101,6 @@ class RemoteTarget:
     """A registry server (``rlreg serve``) reached with an API token."""
 
     def __init__(self, url: str, token: str, *, retry_seconds: float = 2.0):
-        from registry.client import RemoteRegistry
-
         self.client = RemoteRegistry(url, token, retry_seconds=retry_seconds, backoff_max=1.0)
         self.url = self.client.url
 
@@ -110,8 +108,6 @@ class RemoteTarget:
         return self.url
 
     def _call(self, method: str, path: str, body: Any) -> Any:
-        from registry.client import RemoteAuthError, RemoteError
-
         try:
             return self.client.request(method, path, json_body=body)
         except RemoteAuthError as exc:

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from transformers import TrainerCallback
 
 from registry.integrations.stream import StreamingRun
-from registry.run_summary import SUMMARY_NAMES
+from registry.importers.run_summary import SUMMARY_NAMES
 
 EVAL_PREFIX = "eval_"
 TEST_PREFIX = "test_"

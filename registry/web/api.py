@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 from flask import Blueprint, Response, abort, jsonify, request
 
-from registry.errors import InputError
-from registry.jsonsafe import json_safe
-from registry.web import get_registry, queries
+from registry.core.errors import InputError
+from registry.core.jsonsafe import json_safe
+from registry.store.reader import reduce_points
+from registry.web.context import get_registry
+from registry.web import queries
 from registry.web.curves import int_arg
-from registry.web.downsample import MAX_POINTS, downsample_indices
+from registry.core.downsample import MAX_POINTS
 from registry.web.iplot import step_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -69,29 +71,18 @@ def series(ref: str) -> Response:
         raise InputError("points must be at least 10 (or 0 for every point)")
     reg = get_registry()
     sref = queries.series_ref(reg, ref, key)
-    data = reg.read_series(sref.run_id, sref.key)
     lo, hi = step_arg(request.args, "from_step"), step_arg(request.args, "to_step")
-    if lo is not None or hi is not None:
-        if lo is not None and hi is not None and hi < lo:
-            raise InputError(f"to_step ({hi:g}) must not be below from_step ({lo:g})")
-        data = data.between(-math.inf if lo is None else lo, math.inf if hi is None else hi)
+    if lo is not None and hi is not None and hi < lo:
+        raise InputError(f"to_step ({hi:g}) must not be below from_step ({lo:g})")
+    data = reg.read_series(sref.run_id, sref.key, canonical=canonical, from_step=lo, to_step=hi)
     repeated = data.has_repeats
     if per_step:
         data = data.per_step()
+    nonfinite = int((~np.isfinite(np.asarray(data.values, dtype=np.float64))).sum())
+    data, downsampled = reduce_points(data, points)
     counts = data.counts
     steps = np.asarray(data.steps)
     values = np.asarray(data.values, dtype=np.float64)
-    if canonical and sref.sign != 1.0:
-        values = values * sref.sign
-    nonfinite = int((~np.isfinite(values)).sum())
-    downsampled = False
-    if points and len(steps) > points:
-        finite = np.isfinite(values)
-        fs, fv = steps[finite], values[finite]
-        idx = downsample_indices(fs, fv, points)
-        if idx is not None:
-            steps, values, downsampled = fs[idx], fv[idx], True
-            counts = None if counts is None else counts[finite][idx]
     value_list = values.tolist()
     if not np.isfinite(values).all():
         value_list = [v if math.isfinite(v) else None for v in value_list]
@@ -130,7 +121,7 @@ def definition(name: str) -> Response:
 @bp.get("/runs/<ref>/diagnosis")
 def run_diagnosis(ref: str) -> Response:
     """The run's diagnosis on its data as it is now (the stored one when current, else computed)."""
-    from registry.health import current_findings
+    from registry.analysis.health import current_findings
 
     reg = get_registry()
     with reg.read() as session:
@@ -176,7 +167,7 @@ def _portion_arg(name: str) -> float | int | None:
 @bp.get("/runs/<ref>/similar")
 def run_similar(ref: str) -> Response:
     """The k historical runs whose curves look most like this run's, and how they ended."""
-    from registry.similarity import find_similar_for_run
+    from registry.analysis.similarity import find_similar_for_run
 
     window = None
     raw_window = (request.args.get("window") or "").strip()
@@ -211,7 +202,7 @@ def _portion_arg_text(raw: str) -> float | int:
 @bp.get("/baselines")
 def baselines() -> Response:
     """Every task that has runs or a baseline, with who built the baseline and when."""
-    from registry.health import list_baselines
+    from registry.analysis.baselines import list_baselines
 
     return jsonify({"baselines": clean(list_baselines(get_registry()))})
 
@@ -219,7 +210,7 @@ def baselines() -> Response:
 @bp.get("/baselines/<path:task>")
 def baseline(task: str) -> Response:
     """A task's health baseline: per metric the early and mid bands and the warning signal."""
-    from registry.health import baseline_history, require_baseline
+    from registry.analysis.baselines import baseline_history, require_baseline
 
     reg = get_registry()
     profile, meta = require_baseline(reg, task)

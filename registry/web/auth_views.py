@@ -15,8 +15,8 @@ from flask_wtf import FlaskForm
 from wtforms import PasswordField, StringField
 from wtforms.validators import DataRequired, Length
 
-from registry.auth import AuthError, check_password, end_session, start_session
-from registry.web import get_registry
+from registry.store.auth import AuthError, check_password, end_session, start_session
+from registry.web.context import get_registry
 from registry.web.security import SESSION_ID_KEY, TooManyAttempts, client_keys, safe_next, throttle
 
 bp = Blueprint("auth", __name__)

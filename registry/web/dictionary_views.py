@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
-from registry.dictionary import FRAMEWORKS, update_definition
-from registry.errors import DefinitionError
-from registry.semantics import LAYERS
-from registry.web import get_registry, queries
+from registry.dictionary.definitions import FRAMEWORKS, update_definition
+from registry.core.errors import DefinitionError
+from registry.core.semantics import LAYERS
+from registry.web.context import get_registry
+from registry.web import queries
 from registry.web.curves import describe_semantics
 from registry.web.forms import DefinitionForm
 from registry.web.security import admin_access_required, current_user
@@ -42,8 +43,10 @@ def definition(name: str):
     runs, runs_total = queries.runs_using(reg, name)
     for r in runs:
         r["semantics_text"] = describe_semantics(r["semantics"])
+    from registry.analysis.health import definition_ranges
+
     return render_template("dictionary/definition.html", d=current, versions=versions, runs=runs,
-                           runs_total=runs_total, frameworks=FRAMEWORKS)
+                           runs_total=runs_total, frameworks=FRAMEWORKS, ranges=definition_ranges(reg, current))
 
 
 @bp.route("/<name>/edit", methods=["GET", "POST"])

@@ -12,7 +12,7 @@ from flask_wtf import FlaskForm
 from wtforms import FloatField, IntegerField, SelectField, StringField, TextAreaField
 from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, ValidationError
 
-from registry.semantics import AVERAGING, KL_ESTIMATORS, LAYERS, LOGGING_POINTS, NORMALIZATION_AXES, QUANTITIES
+from registry.core.semantics import AVERAGING, KL_ESTIMATORS, LAYERS, LOGGING_POINTS, NORMALIZATION_AXES, QUANTITIES
 
 
 try:  # WTForms >= 3.3 deprecates (value, label) tuples
@@ -21,31 +21,33 @@ except ImportError:  # pragma: no cover - older WTForms
     SelectChoice = None
 
 
-def _choice(value: str, label: str) -> Any:
+def choice(value: str, label: str) -> Any:
     return SelectChoice(value, label) if SelectChoice is not None else (value, label)
 
 
-def _choices(values: tuple[str, ...], blank: str | None = "unspecified") -> list[Any]:
-    out = [_choice("", blank)] if blank is not None else []
-    return out + [_choice(v, v) for v in values]
+def choices_of(values: tuple[str, ...], blank: str | None = "unspecified") -> list[Any]:
+    out = [choice("", blank)] if blank is not None else []
+    return out + [choice(v, v) for v in values]
 
 
 def format_task_ranges(task_ranges: dict[str, Any]) -> str:
-    """``task: low .. high`` per line (an empty side means unbounded)."""
+    """``task: low .. high`` per line (an empty side means unbounded), ``  # source`` when known."""
     lines = []
     for task, r in sorted((task_ranges or {}).items()):
         low = "" if r.get("low") is None else repr(float(r["low"]))
         high = "" if r.get("high") is None else repr(float(r["high"]))
-        lines.append(f"{task}: {low} .. {high}")
+        lines.append(f"{task}: {low} .. {high}" + (f"  # {r['source']}" if r.get("source") else ""))
     return "\n".join(lines)
 
 
-def parse_task_ranges(text: str) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
+def parse_task_ranges(text: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for n, line in enumerate((text or "").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        line, _, source = line.partition(" # ")     # where the range comes from (kept with it)
+        line, source = line.strip(), source.strip()
         task, sep, rest = line.rpartition(":")
         if not sep or not task.strip() or ".." not in rest:
             raise ValueError(f"line {n}: write 'task: low .. high' (leave a side empty for no bound)")
@@ -57,7 +59,7 @@ def parse_task_ranges(text: str) -> dict[str, dict[str, float | None]]:
             raise ValueError(f"line {n}: bounds must be numbers") from None
         if any(v is not None and not math.isfinite(v) for v in (low, high)):
             raise ValueError(f"line {n}: bounds must be finite numbers")
-        out[task.strip()] = {"low": low, "high": high}
+        out[task.strip()] = {"low": low, "high": high, **({"source": source} if source else {})}
     return out
 
 
@@ -82,17 +84,17 @@ def parse_aliases(text: str) -> list[dict[str, Any]]:
 
 class DefinitionForm(FlaskForm):
     display_name = StringField("Display name", validators=[DataRequired(), Length(max=200)])
-    layer = SelectField("Layer", choices=_choices(LAYERS, None), validators=[InputRequired()])
-    quantity = SelectField("Quantity", choices=_choices(QUANTITIES, None), validators=[InputRequired()])
+    layer = SelectField("Layer", choices=choices_of(LAYERS, None), validators=[InputRequired()])
+    quantity = SelectField("Quantity", choices=choices_of(QUANTITIES, None), validators=[InputRequired()])
     description = TextAreaField("Description", validators=[Optional(), Length(max=20000)])
     formula = TextAreaField("Formula", validators=[Optional(), Length(max=20000)])
     unit = StringField("Unit", validators=[Optional(), Length(max=100)])
-    higher_is_better = SelectField("Higher is better", choices=[_choice("", "unspecified"), _choice("true", "yes"),
-                                                                   _choice("false", "no")])
-    averaging = SelectField("Averaging", choices=_choices(AVERAGING))
-    kl_estimator = SelectField("KL estimator", choices=_choices(KL_ESTIMATORS))
-    normalization_axis = SelectField("Normalization axis", choices=_choices(NORMALIZATION_AXES))
-    logging_point = SelectField("Logging point", choices=_choices(LOGGING_POINTS))
+    higher_is_better = SelectField("Higher is better", choices=[choice("", "unspecified"), choice("true", "yes"),
+                                                                   choice("false", "no")])
+    averaging = SelectField("Averaging", choices=choices_of(AVERAGING))
+    kl_estimator = SelectField("KL estimator", choices=choices_of(KL_ESTIMATORS))
+    normalization_axis = SelectField("Normalization axis", choices=choices_of(NORMALIZATION_AXES))
+    logging_point = SelectField("Logging point", choices=choices_of(LOGGING_POINTS))
     healthy_low = FloatField("Healthy range: low", validators=[Optional()])
     healthy_high = FloatField("Healthy range: high", validators=[Optional()])
     task_ranges = TextAreaField("Healthy range per task", validators=[Optional()],

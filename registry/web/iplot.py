@@ -19,11 +19,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from registry.errors import InputError
-from registry.series import SeriesData
+from registry.core.errors import InputError
+from registry.core.series import SeriesData
 from registry.web import smoothing
 from registry.web.curves import int_arg
-from registry.web.downsample import MAX_POINTS, downsample_indices
+from registry.core.downsample import MAX_POINTS, downsample_indices
 
 X_AXES = ("step", "fraction", "wall")
 COUNTER_PREFIX = "counter:"

@@ -4,11 +4,11 @@ The dashboard calls both with the registry and the run (``Registry.run_detail`` 
 renders ``templates/panels/diagnosis.html`` / ``similar.html`` with whatever they return
 as ``panel``: a dict of display-ready values (``None`` shows the empty placeholder).
 
-* :func:`diagnosis_panel`: the run's current diagnosis (``registry.health.current_findings``:
+* :func:`diagnosis_panel`: the run's current diagnosis (``registry.analysis.health.current_findings``:
   the stored row when it matches the run's data, dictionary and baseline, else diagnosed
   now), as a triage list (diagnostic layer first, then constraint, objective, comparison
   with the baseline, then the rollback point), joint readings and informational notes.
-* :func:`similar_panel`: ``registry.similarity.find_similar`` with the options of the
+* :func:`similar_panel`: ``registry.analysis.similarity.find_similar`` with the options of the
   panel's form (query parameters ``sim_metrics``, ``sim_prefix``, ``sim_k``,
   ``sim_same_task``, ``sim_align``), plus an overlay of the headline metric drawn by the
   comparison plots.
@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 
 from flask import request, url_for
 
-from registry.errors import InputError, NotFoundError
-from registry.similarity import find_similar_for_run
-from registry.store import Registry
+from registry.core.errors import InputError, NotFoundError
+from registry.analysis.similarity import find_similar_for_run
+from registry.store.facade import Registry
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ PREFIX_CHOICES = (("", "auto"), ("0.1", "first 10%"), ("0.25", "first 25%"), ("0
 DEFAULT_K = 10
 MAX_K = 20
 OVERLAY_NEIGHBOURS = 5
-# Above this distance (z units; ~1.4 is unrelated) even the nearest run is not much alike: say so.
-FAR_DISTANCE = 1.0
 # Hyperparameters worth naming first in "differs in" (the rest go to the cell's title).
 KEY_PARAMS = (
     "learning_rate", "lr", "actor.lr", "actor_lr", "kl_coef", "kl_loss_coef", "init_kl_coef", "beta",
@@ -108,13 +106,15 @@ def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | 
 
 def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | None:
     """The run's diagnosis in triage order, ready for ``panels/diagnosis.html``."""
-    from registry.health import current_findings, get_baseline_meta
+    from registry.analysis.health import current_findings
+    from registry.analysis.baselines import get_baseline_meta
 
     try:
         found = current_findings(registry, run["id"], data_version=run["data_version"], task=run.get("task"))
     except Exception as exc:  # noqa: BLE001 - a detector failing on odd data must not take the dashboard down
         log.exception("diagnosis of run %s failed", run["id"])
-        return {"error": f"the diagnosis of this run failed: {exc}", "spans": {}, "severity_by_metric": {},
+        return {"error": f"the diagnosis of this run failed: {exc}", "spans": {}, "ranges": None,
+                "severity_by_metric": {},
                 "api_url": url_for("api.run_diagnosis", ref=run["id"])}
     d = found.diagnosis or {}
     titles = _titles(run)
@@ -149,7 +149,7 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
     baseline = None
     if task:
         meta = get_baseline_meta(registry, task)
-        baseline = {"task": task, "exists": meta is not None, "url": url_for("ui.baseline", task=task),
+        baseline = {"task": task, "exists": meta is not None, "url": url_for("baselines.baseline", task=task),
                     "used": d.get("baseline_task") == task, **(meta or {})}
     worst = found.worst_severity if found.n_problems else None
     first = min((i["start"] for i in items), default=None)
@@ -169,6 +169,7 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         "baseline_items": [i for i in items if i["layer"] == "comparison"], "rollback": rollback, "joint": readings,
         "info": info, "baseline": baseline,
         "spans": {m: [tuple(s) for s in v] for m, v in (found.summary.get("spans") or {}).items()},
+        "ranges": dict(found.summary.get("ranges") or d.get("ranges") or {}),
         "severity_by_metric": _severity_by_metric(items),
         "api_url": url_for("api.run_diagnosis", ref=run["id"]),
     }
@@ -246,7 +247,7 @@ def _k(text: str) -> int:
 
 
 def _fmt_value(v: Any) -> str:
-    from registry.web import format_number
+    from registry.web.formatting import format_number
 
     return "\u2014" if v is None else format_number(v) if isinstance(v, (int, float)) else str(v)
 
@@ -306,7 +307,8 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
             "distance": n.distance, "metric_distances": [n.metric_distances.get(m) for m in metrics],
             "verdict": n.verdict, "status": n.status, "task": n.task,
             "scores": sorted(n.scores.items()), "diffs": diffs, "diff_title": diff_title, "diffs_more": more,
-            "warnings": list(n.warnings), "matched": n.matched_at(),
+            "warnings": list(n.warnings), "matched": n.matched_at(), "coverage": n.coverage,
+            "partial": n.metrics_compared < n.metrics_total,
         })
     excluded = []
     for g in result.excluded:
@@ -316,8 +318,13 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
                          "differences": list(g.get("differences") or []), "count": g.get("count", len(runs)),
                          "runs": runs[:5], "more": max(0, int(g.get("count", len(runs))) - len(runs[:5]))})
     q = result.query
+    closeness, prediction = dict(result.closeness or {}), dict(result.prediction or {})
+    head = result.summary  # the verdict sentence; closeness and outcome get their own lines below
+    for said in (closeness.get("message") if closeness.get("no_close_match") else None, prediction.get("message")):
+        if said:
+            head = head.replace(" " + said, "")
     panel.update({
-        "summary": result.summary, "metrics": [{"name": m, "short": _short_metric(m)} for m in metrics],
+        "summary": head, "closeness": closeness, "prediction": prediction, "metrics": [{"name": m, "short": _short_metric(m)} for m in metrics],
         "neighbours": neighbours, "excluded": excluded, "warnings": list(result.warnings),
         "portion": q.get("portion_label") or "the whole run", "portion_kind": q.get("portion_kind"),
         "anywhere": bool(q.get("anywhere")),
@@ -325,7 +332,6 @@ def similar_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | N
         "eligible": result.stats.get("eligible_runs"), "last_step": q.get("last_step"),
         "api_url": url_for("api.run_similar", ref=run["id"]) + _api_query(opts),
         "overlay": _overlay(run, result, metrics) if neighbours else None,
-        "far": neighbours[0]["distance"] if neighbours and neighbours[0]["distance"] > FAR_DISTANCE else None,
     })
     return panel
 
@@ -362,7 +368,7 @@ def _corpus_stamp(registry: Registry) -> tuple:
     """Changes whenever a search could answer differently: embeddings written, runs added, removed or updated."""
     from sqlalchemy import func, select
 
-    from registry.models import CurveEmbedding, Run
+    from registry.db.models import CurveEmbedding, Run
 
     with registry.read() as session:
         return tuple(session.execute(select(

@@ -12,15 +12,15 @@ from datetime import datetime, timezone
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import func, select
 
-from registry.dictionary import healthy_range_for
-from registry.errors import InputError
-from registry.jsonsafe import json_safe
-from registry.models import Series
-from registry.web import get_registry, queries
+from registry.core.errors import InputError
+from registry.core.jsonsafe import json_safe
+from registry.db.models import Series
+from registry.web.context import get_registry
+from registry.web import queries
 from registry.web.cache import digest
 from registry.web.curves import DEFAULT_WINDOW
 from registry.web.iplot import COUNTER_PREFIX, ViewRequest, counter_curve, step_arg, view_data
-from registry.web.plots import build_overlay, compare_key, compare_request
+from registry.web.plots import build_overlay, compare_key, compare_request, diagnosis_marks, plot_range
 
 bp = Blueprint("plot_api", __name__, url_prefix="/api")
 
@@ -37,7 +37,7 @@ def _not_modified(tag: str) -> Response | None:
 
 
 def _run_length(run_id: str) -> float:
-    """The last step over the run's series (fraction-of-training axis, as ``curves.run_length``)."""
+    """The last step over the run's series (fraction-of-training axis, as ``compare_curves.run_length``)."""
     with get_registry().read() as session:
         last = session.scalar(select(func.max(Series.last_step)).where(Series.run_id == run_id))
     return float(last) if last else 1.0
@@ -53,8 +53,10 @@ def run_plot_view(ref: str) -> Response:
     reg = get_registry()
     # Not the dashboard's short-lived memo of series refs: a live page asks right after new points.
     sref = queries.series_ref(reg, ref, key)
+    # The range the run's diagnosis judged this metric by (it changes with a rebuilt baseline too).
+    healthy = plot_range(reg, sref, diagnosis_marks(reg, sref))
     tag = digest(("plot-view", VIEW_VERSION, sref.run_id, sref.data_version, sref.key, sref.definition_name,
-                  sref.definition_version, sref.task, view.key()))
+                  sref.definition_version, sref.task, view.key(), tuple(sorted((healthy or {}).items()))))
     cached = _not_modified(tag)
     if cached is not None:
         return cached
@@ -67,9 +69,10 @@ def run_plot_view(ref: str) -> Response:
     data = reg.read_series(sref.run_id, sref.key)
     body = view_data(data, sref.sign, view, window,
                      run_length=_run_length(sref.run_id) if view.x_axis == "fraction" else 1.0, counter=counter)
-    low, high = healthy_range_for(definition, sref.task) if definition else (None, None)
+    low, high = (healthy["low"], healthy["high"]) if healthy else (None, None)
     body = {"run_id": sref.run_id, "run": sref.run_name, "key": sref.key, "definition": sref.definition_name,
-            "sign": sref.sign, "data_version": sref.data_version, "healthy": [low, high], **body}
+            "sign": sref.sign, "data_version": sref.data_version, "healthy": [low, high],
+            "healthy_source": healthy.get("source") if healthy else None, **body}
     response = jsonify(json_safe(body))
     response.set_etag(tag)
     response.headers["Cache-Control"] = "private, no-cache"

@@ -21,27 +21,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from flask import Blueprint, Response, abort, current_app, request
 
-from registry.errors import InputError, NotFoundError
-from registry.web import get_plot_cache, get_registry, queries
+from registry.core.errors import InputError, NotFoundError
+from registry.web.context import get_plot_cache, get_registry
+from registry.web import queries
 from registry.web.cache import digest
-from registry.web.curves import (
-    MAX_COMPARE_RUNS,
-    CompareOptions,
-    SmoothOptions,
-    build_units,
-    compare_metrics,
-    export_rows,
-    overlay_spec,
-    prepare,
-    run_plot_spec,
-)
+from registry.web.curves import MAX_COMPARE_RUNS, SmoothOptions, export_rows, prepare, run_plot_spec
+from registry.web.compare_curves import CompareOptions, build_units, compare_metrics, overlay_spec
 from registry.web.plotting import FORMATS, render
 from registry.web.smoothing import describe
 
 bp = Blueprint("plots", __name__, url_prefix="/plots")
 
 # Bump when rendering changes, so persistent (disk) caches do not serve old pictures.
-RENDER_VERSION = 4
+RENDER_VERSION = 5
 
 
 def _format() -> str:
@@ -90,28 +82,48 @@ Span = tuple[int, int, str, str]  # start step, end step, severity, detector
 
 
 class SpanMemo:
-    """Findings spans per metric of the runs the dashboard just showed, for a couple of seconds."""
+    """Findings spans and healthy ranges per metric of the runs the dashboard just showed, for a
+    couple of seconds (both come from the run's current diagnosis)."""
 
     def __init__(self, ttl: float = 2.0, max_entries: int = 1024):
         self.ttl = ttl
         self.max_entries = max_entries
-        self._entries: dict[str, tuple[float, int, dict[str, list[Span]]]] = {}
+        self._entries: dict[str, tuple[float, int, DiagnosisMarks]] = {}
         self._lock = threading.Lock()
 
-    def put(self, run_id: str, data_version: int, spans: dict[str, list[Span]]) -> None:
+    def put(self, run_id: str, data_version: int, spans: dict[str, list[Span]],
+            ranges: dict[str, dict[str, Any]] | None = None) -> None:
         if self.ttl <= 0:
             return
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
-            self._entries[run_id] = (time.monotonic(), data_version, spans)
+            self._entries[run_id] = (time.monotonic(), data_version, DiagnosisMarks(spans, ranges))
 
-    def get(self, run_id: str, data_version: int) -> dict[str, list[Span]] | None:
+    def get(self, run_id: str, data_version: int) -> "DiagnosisMarks | None":
         with self._lock:
             hit = self._entries.get(run_id)
         if hit is None or hit[1] != data_version or time.monotonic() - hit[0] >= self.ttl:
             return None
         return hit[2]
+
+
+class DiagnosisMarks:
+    """What a run's plots take from its diagnosis: findings spans and healthy ranges per metric.
+
+    ``ranges`` is None when the diagnosis failed (the plot then draws the dictionary's range)."""
+
+    def __init__(self, spans: dict[str, list[Span]], ranges: dict[str, dict[str, Any]] | None):
+        self.spans = spans
+        self.ranges = ranges
+
+    def spans_of(self, metric: str | None) -> list[Span]:
+        return [tuple(s) for s in self.spans.get(metric, [])] if metric else []  # type: ignore[misc]
+
+    def range_of(self, metric: str | None) -> dict[str, Any] | None:
+        if metric is None or self.ranges is None:
+            return None
+        return self.ranges.get(metric)
 
 
 def span_memo() -> SpanMemo:
@@ -122,23 +134,48 @@ def span_memo() -> SpanMemo:
     return memo
 
 
-def finding_spans(reg: Any, sref: queries.SeriesRef) -> list[Span]:
-    """The diagnosis' warning and critical findings on this series' metric (its current diagnosis)."""
+def diagnosis_marks(reg: Any, sref: queries.SeriesRef) -> DiagnosisMarks:
+    """The run's current diagnosis' spans and ranges (memoised for the dashboard's image requests)."""
     if sref.definition_name is None:
-        return []  # unmapped keys are not diagnosed
+        return DiagnosisMarks({}, {})  # unmapped keys are not diagnosed and have no range
     memo = span_memo()
     per_metric = memo.get(sref.run_id, sref.data_version)
     if per_metric is None:
-        from registry.health import current_findings
+        from registry.analysis.health import current_findings
+    marks = memo.get(sref.run_id, sref.data_version)
+    if marks is None:
 
         try:
             found = current_findings(reg, sref.run_id, data_version=sref.data_version, task=sref.task)
         except Exception:  # noqa: BLE001 - the plot is still worth drawing without its findings
             current_app.logger.exception("diagnosis of run %s failed; plot drawn without findings", sref.run_id)
-            return []
-        per_metric = {m: [tuple(s) for s in v] for m, v in (found.summary.get("spans") or {}).items()}
-        memo.put(sref.run_id, sref.data_version, per_metric)
-    return [tuple(s) for s in per_metric.get(sref.definition_name, [])]  # type: ignore[misc]
+            return DiagnosisMarks({}, None)
+        spans = {m: [tuple(s) for s in v] for m, v in (found.summary.get("spans") or {}).items()}
+        ranges = dict(found.summary.get("ranges") or {})
+        memo.put(sref.run_id, sref.data_version, spans, ranges)  # type: ignore[arg-type]
+        marks = DiagnosisMarks(spans, ranges)  # type: ignore[arg-type]
+    return marks
+
+
+def finding_spans(reg: Any, sref: queries.SeriesRef) -> list[Span]:
+    """The diagnosis' warning and critical findings on this series' metric (its current diagnosis)."""
+    return diagnosis_marks(reg, sref).spans_of(sref.definition_name)
+
+
+def plot_range(reg: Any, sref: queries.SeriesRef, marks: DiagnosisMarks) -> dict[str, Any] | None:
+    """The healthy range a run's plot of ``sref`` draws: the one its diagnosis judged by (with its
+    source), or the dictionary's when the diagnosis failed."""
+    from registry.dictionary.definitions import healthy_range_for
+
+    if sref.definition_name is None:
+        return None
+    if marks.ranges is not None:
+        return marks.range_of(sref.definition_name)
+    definition = sref.definition(reg)
+    low, high = healthy_range_for(definition, sref.task) if definition else (None, None)
+    if low is None and high is None:
+        return None
+    return {"low": low, "high": high, "source": "dictionary (the run's diagnosis failed)"}
 
 
 def _spans_key(spans: Sequence[Span]) -> str:
@@ -153,15 +190,19 @@ def run_plot(ref: str) -> Response:
     fmt = _format()
     reg = get_registry()
     sref = current_app.extensions["rlregistry.refs"].get(ref, key) or queries.series_ref(reg, ref, key)
-    spans = finding_spans(reg, sref)
+    marks = diagnosis_marks(reg, sref)
+    spans = marks.spans_of(sref.definition_name)
+    healthy = plot_range(reg, sref, marks)
 
     def make() -> bytes:
         data = reg.read_series(sref.run_id, sref.key)
-        spec, _ = run_plot_spec(data, sign=sref.sign, definition=sref.definition(reg), task=sref.task, opts=opts)
+        spec, _ = run_plot_spec(data, sign=sref.sign, definition=sref.definition(reg), task=sref.task, opts=opts,
+                                healthy=healthy)
         spec.spans = [(float(a), float(b), sev, det) for a, b, sev, det in spans]
         return render(spec, fmt)
 
-    return _conditional(digest(_run_key(sref, opts, "run-plot") + (fmt, _spans_key(spans))), FORMATS[fmt], make)
+    key_parts = (fmt, _spans_key(spans), digest(tuple(sorted((healthy or {}).items()))))
+    return _conditional(digest(_run_key(sref, opts, "run-plot") + key_parts), FORMATS[fmt], make)
 
 
 @bp.get("/run/<ref>/data.<fmt>")

@@ -69,6 +69,7 @@ class Trace:
 class PlotSpec:
     traces: list[Trace]
     xlabel: str = "step"
+    ylabel: str | None = None  # the definition's unit ("nats per token"), None when unknown
     title: str | None = None
     healthy: tuple[float | None, float | None] | None = None
     ylim: tuple[float, float] | None = None
@@ -131,15 +132,31 @@ def _draw_spans(ax: Any, spec: PlotSpec) -> None:
             ax.axvline((x0 + x1) / 2, color=edge, linewidth=0.8, alpha=0.8, zorder=2)
 
 
+def wrap_notes(notes: list[str], width: int, max_lines: int = 2) -> list[str]:
+    """The notes joined by " · " into at most ``max_lines`` lines of about ``width`` characters."""
+    lines: list[str] = []
+    for note in notes:
+        if lines and len(lines[-1]) + 5 + len(note) <= width:
+            lines[-1] += "  \u00b7  " + note
+        else:
+            lines.append(note)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines - 1] + ["  \u00b7  ".join(lines[max_lines - 1:])]
+    return [plain(line, width) for line in lines]
+
+
 def render(spec: PlotSpec, fmt: str = "png") -> bytes:
     """The plot as PNG or SVG bytes."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}")
-    top_space = 0.1 + 0.085 * len(spec.warnings) + (0.07 if spec.title else 0.0)
+    left = 0.12 + (0.035 * 5.0 / spec.width if spec.ylabel else 0.0)
+    note_lines = wrap_notes(spec.notes, int((0.985 - left) * spec.width * 72 / (7.2 * 0.55)))
+    top_space = 0.1 + 0.085 * len(spec.warnings) + (0.07 if spec.title else 0.0) + \
+        0.075 * 2.6 / spec.height * max(0, len(note_lines) - 1)
     fig = Figure(figsize=(spec.width, spec.height + 0.22 * len(spec.warnings)), dpi=spec.dpi)
     FigureCanvasAgg(fig)
     fig.patch.set_facecolor("white")
-    fig.subplots_adjust(left=0.12, right=0.985, bottom=0.15, top=1 - min(top_space, 0.5))
+    fig.subplots_adjust(left=left, right=0.985, bottom=0.15, top=1 - min(top_space, 0.5))
     ax = fig.add_subplot()
     ax.set_facecolor("white")
     for side in ("top", "right"):
@@ -154,6 +171,10 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
     if not spec.fraction_axis:
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set_xlabel(spec.xlabel, fontsize=7.5, color="#555555", labelpad=1)
+    if spec.ylabel:
+        # As many characters as fit the plot's height at this size.
+        ax.set_ylabel(plain(spec.ylabel, int(spec.height * 72 * 0.8 / (7.5 * 0.55))), fontsize=7.5, color="#555555",
+                      labelpad=2)
 
     limits = _limits(spec)
     if spec.healthy is not None:
@@ -206,8 +227,10 @@ def render(spec: PlotSpec, fmt: str = "png") -> bytes:
                  bbox={"boxstyle": "square,pad=0.25", "facecolor": WARNING_RED, "edgecolor": "none"})
         y -= 0.085
     if spec.notes:
-        ax.text(0.005, 1.01, plain("  \u00b7  ".join(spec.notes), 160), transform=ax.transAxes, fontsize=6.5,
-                color="#777777", va="bottom", ha="left")
+        # Dark enough to read on white at the plot's small size (it says what was left out); notes
+        # that do not fit one line go on a second one rather than being cut.
+        ax.text(0.005, 1.01, "\n".join(note_lines), transform=ax.transAxes, fontsize=7.2, color="#4a4a4a",
+                va="bottom", ha="left", linespacing=1.25)
 
     buf = io.BytesIO()
     if fmt == "png":

@@ -1,7 +1,7 @@
 """Read-only lookups the pages need that the Registry API has no method for (yet).
 
-Each takes the :class:`~registry.store.Registry` and reads through its session; none
-writes. Candidates for moving into ``registry.store`` later.
+Each takes the :class:`~registry.store.facade.Registry` and reads through its session; none
+writes. Candidates for moving into ``registry.store.facade`` later.
 """
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any, Sequence
 
 from sqlalchemy import distinct, func, select
 
-from registry.dictionary import definition_to_dict, get_definition
-from registry.errors import NotFoundError
-from registry.models import MetricDefinition, Run, Series
-from registry.store import Registry
+from registry.dictionary.definitions import definition_to_dict, get_definition
+from registry.core.errors import NotFoundError
+from registry.db.models import MetricDefinition, Run, Series
+from registry.store.facade import Registry
+from registry.store.reader import CANONICAL_ORDER, find_series
 
 
 @dataclass
@@ -58,7 +59,7 @@ def series_ref(registry: Registry, run_ref: str, key: str) -> SeriesRef:
         row = session.execute(base.where(Series.run_id == run_ref, Series.key == key)).first()
         if row is None:
             run = registry.resolve_run(session, run_ref)
-            series = _find_series(session, run.id, key)
+            series = find_series(session, run.id, key)
             if series is None:
                 raise NotFoundError(f"run {run.name!r} has no metric {key!r}")
             row = session.execute(base.where(Series.id == series.id)).first()
@@ -67,18 +68,6 @@ def series_ref(registry: Registry, run_ref: str, key: str) -> SeriesRef:
             run_id=run_id, run_name=run_name, data_version=data_version, task=task, key=skey, sign=sign,
             semantics=dict(semantics or {}), count=count, definition_name=dname, definition_version=dversion,
         )
-
-
-def _find_series(session: Any, run_id: str, key: str) -> Series | None:
-    """By raw key first, then by canonical name (the rule of ``Registry.read_series(canonical=True)``)."""
-    series = session.scalar(select(Series).where(Series.run_id == run_id, Series.key == key))
-    if series is None:
-        series = session.scalar(
-            select(Series).join(MetricDefinition, Series.definition_id == MetricDefinition.id)
-            .where(Series.run_id == run_id, MetricDefinition.name == key)
-            .order_by(Series.count.desc(), Series.key).limit(1)
-        )
-    return series
 
 
 def run_stamps(registry: Registry, run_ids: Sequence[str]) -> dict[str, int]:
@@ -111,7 +100,7 @@ def last_values(registry: Registry, run_ids: Sequence[str]) -> dict[str, dict[st
                    Series.sign, Series.count, Series.last_step)
             .join(MetricDefinition, Series.definition_id == MetricDefinition.id)
             .where(Series.run_id.in_(list(run_ids)))
-            .order_by(Series.count.desc())
+            .order_by(Series.run_id, *CANONICAL_ORDER)
         )
         for run_id, name, layer, key, last, sign, count, last_step in rows:
             per_run = out.setdefault(run_id, {})

@@ -17,7 +17,7 @@ Reads are open unless ``REQUIRE_LOGIN_FOR_READS`` (``RLREG_REQUIRE_LOGIN_FOR_REA
 :func:`require_login_for_reads`, installed as a ``before_request`` hook, asks any principal (a
 ``read`` token will do) of every page and API call except the login page and static files.
 
-Sessions live in the database (``registry.auth.start_session``): the signed cookie carries only a
+Sessions live in the database (``registry.store.auth.start_session``): the signed cookie carries only a
 random session id, so logout, a password change and disabling a user end a session everywhere.
 
 Failed credentials (:class:`Throttles`, in memory, per process) never lock out a good one:
@@ -42,7 +42,8 @@ from urllib.parse import urlsplit
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 from werkzeug.exceptions import HTTPException
 
-from registry.auth import AuthError, Principal, authenticate_token, session_principal
+from registry.store.auth import AuthError, Principal, authenticate_token, session_principal
+from registry.web.context import csrf, get_registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -186,13 +187,12 @@ def bearer_token() -> str | None:
 def current_principal() -> Principal | None:
     """The authenticated party of this request (token first, then session), or None.
 
-    A bearer header that does not check out raises :class:`~registry.auth.AuthError` (answered
+    A bearer header that does not check out raises :class:`~registry.store.auth.AuthError` (answered
     401), or :class:`TooManyAttempts` (429) once this client has sent too many wrong ones; a
     valid token is checked first and always accepted.
     """
     if "rlreg_principal" in g:
         return g.rlreg_principal
-    from registry.web import get_registry
 
     principal = None
     token = bearer_token()
@@ -271,8 +271,6 @@ def access_required(scope: str) -> Callable[[F], F]:
                 if request.method not in SAFE_METHODS and current_app.config.get("WTF_CSRF_ENABLED", True):
                     current_app.extensions["csrf"].protect()  # raises CSRFError -> 400
             return view(*args, **kwargs)
-
-        from registry.web import csrf
 
         # The wrapper checks CSRF itself (only for session logins), so the global check skips it.
         csrf.exempt(wrapper)

@@ -11,12 +11,11 @@ failed-credential counts (a client's backoff is per worker) and the plot cache's
 from __future__ import annotations
 
 from typing import Any
+from registry.web.app import create_app
 
 
 def serve_waitress(url: str, host: str, port: int, threads: int = 8) -> None:
     from waitress import serve
-
-    from registry.web import create_app
 
     app = create_app({"DATABASE_URL": url})
     # Waitress enforces the upload limit itself, before spooling a body to disk.
@@ -26,8 +25,6 @@ def serve_waitress(url: str, host: str, port: int, threads: int = 8) -> None:
 def serve_gunicorn(url: str, host: str, port: int, workers: int, threads: int = 8) -> None:
     """gunicorn with ``workers`` processes of ``threads`` threads each (gthread workers)."""
     from gunicorn.app.base import BaseApplication
-
-    from registry.web import create_app
 
     create_app({"DATABASE_URL": url}).extensions["rlregistry"].close()  # settings and schema checked before forking
 

@@ -7,48 +7,27 @@ line on it.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
-from flask_wtf import FlaskForm
-from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, TextAreaField, widgets
-from wtforms.validators import Length, Optional, ValidationError
+from flask import Blueprint, current_app, render_template, request, url_for
 
-from registry.dictionary import healthy_range_for
-from registry.errors import FilterSyntaxError, InputError, LimitExceededError, NotFoundError
-from registry.filters import ORDERABLE
-from registry.health import findings_for_runs
-from registry.models import RUN_STATUSES, VERDICTS
-from registry.binding import binding_summary, provenance_caption, provenance_lines
-from registry.semantics import LAYERS, QUANTITIES
-from registry.web import get_registry, panels, queries
-from registry.web.security import admin_access_required
-from registry.web.curves import (
-    MAX_COMPARE_RUNS,
-    NORMALIZATION_LABELS,
-    CompareOptions,
-    SmoothOptions,
-    build_units,
-    compare_metrics,
-    describe_semantics,
-    hyperparameter_diff,
-)
+from registry.dictionary.definitions import healthy_range_for
+from registry.core.errors import FilterSyntaxError, InputError, LimitExceededError
+from registry.store.filters import ORDERABLE
+from registry.analysis.health import findings_for_runs
+from registry.core.run_fields import RUN_STATUSES, VERDICTS
+from registry.dictionary.provenance_text import binding_summary, provenance_caption, provenance_lines
+from registry.core.semantics import LAYERS, QUANTITIES
+from registry.web.context import get_registry
+from registry.web import panels, queries
+from registry.web.curves import MAX_COMPARE_RUNS, NORMALIZATION_LABELS, SmoothOptions, describe_semantics
+from registry.web.compare_curves import CompareOptions, build_units, compare_metrics, hyperparameter_diff
 from registry.web.smoothing import METHOD_LABELS, describe
+from registry.store.table_columns import pick_metric_columns, pick_param_columns
 
 bp = Blueprint("ui", __name__)
 
 MAX_PAGE_SIZE = 500
-KEY_PARAM_HINTS = (
-    "learning_rate", "lr", "actor_lr", "kl_coef", "kl_loss_coef", "init_kl_coef", "beta", "clip_range",
-    "clip_ratio", "cliprange", "ent_coef", "entropy_coeff", "batch_size", "train_batch_size", "n_steps",
-    "n_epochs", "ppo_epochs", "rollout_n", "n", "num_generations", "gamma", "gae_lambda", "seed",
-)
-# Which metric of a kind makes the best column, when runs have several.
-PREFERRED_METRICS = (
-    "reward_sequence_mean", "episode_return_mean", "reward_total_mean", "return_mean", "eval_reward_mean",
-    "success_rate", "kl_ref_mean", "kl_old_mean", "entropy", "clip_fraction",
-)
 SORT_COLUMNS = ("name", "project", "algorithm", "framework", "task", "verdict", "status", "created_at")
 
 
@@ -68,56 +47,19 @@ def _page_args() -> tuple[int, int]:
 
 
 def _csv_arg(name: str) -> list[str] | None:
-    raw = request.args.get(name)
-    if raw is None:
+    """Comma-separated values of a query argument; repeated arguments (the column picker's
+    checkboxes) add up. None when the argument is absent."""
+    raws = request.args.getlist(name)
+    if not raws:
         return None
-    return [p.strip() for p in raw.split(",") if p.strip()]
+    return list(dict.fromkeys(p.strip() for raw in raws for p in raw.split(",") if p.strip()))
 
 
-def pick_param_columns(rows: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
-    """Hyperparameters worth a column: those that vary on this page, well-known ones first."""
-    counts = Counter(k for r in rows for k in r["params"])
-    if not counts:
-        return []
+def column_choices(reg: Any, rows: Sequence[Mapping[str, Any]], defs: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the column picker offers: every hyperparameter and every mapped metric of the registry."""
+    from registry.web.runs_views import known_metrics, known_params
 
-    def varies(key: str) -> bool:
-        return len({repr(r["params"].get(key, "<missing>")) for r in rows}) > 1
-
-    def hint(key: str) -> int:
-        last = key.rsplit(".", 1)[-1].lower()
-        return KEY_PARAM_HINTS.index(last) if last in KEY_PARAM_HINTS else len(KEY_PARAM_HINTS)
-
-    ranked = sorted(counts, key=lambda k: (not varies(k), hint(k), -counts[k], k))
-    chosen = [k for k in ranked if varies(k) or hint(k) < len(KEY_PARAM_HINTS)]
-    return chosen[:limit]
-
-
-def pick_metric_columns(last: Mapping[str, Mapping[str, Any]], defs: Mapping[str, Mapping[str, Any]],
-                        limit: int = 4) -> list[str]:
-    """The metrics most runs on the page have: a reward/return, a KL, the entropy, the clip fraction."""
-    counts = Counter(name for per in last.values() for name in per)
-    wanted = ((("reward", "return"), 2), (("kl",), 2), (("entropy",), 1), (("clip_fraction",), 1))
-    chosen: list[str] = []
-    for quantities, most in wanted:
-        pool = [n for n in counts if (defs.get(n) or {}).get("quantity") in quantities and n not in chosen]
-        if quantities[0] == "reward":
-            pool = [n for n in pool if (defs.get(n) or {}).get("layer") == "objective"] or pool
-        picked: list[str] = []
-        # Greedy cover: the most common one, then one for the runs that lack it (SB3 and verl on one page).
-        while pool and len(picked) < most:
-            uncovered = [per for per in last.values() if not any(n in per for n in picked)]
-            if not uncovered:
-                break
-            best = max(pool, key=lambda n: (
-                sum(n in per for per in uncovered),
-                -PREFERRED_METRICS.index(n) if n in PREFERRED_METRICS else -len(PREFERRED_METRICS),
-                n.endswith("_mean"), -len(n)))
-            if not any(best in per for per in uncovered):
-                break
-            picked.append(best)
-            pool.remove(best)
-        chosen += picked
-    return chosen[:limit]
+    return {"params": known_params(reg), "metrics": [m for m in known_metrics(reg) if m in defs]}
 
 
 def health(value: float | None, definition: Mapping[str, Any] | None, task: str | None) -> str | None:
@@ -125,7 +67,12 @@ def health(value: float | None, definition: Mapping[str, Any] | None, task: str 
     if value is None or definition is None or not math.isfinite(value):
         return None
     low, high = healthy_range_for(definition, task)
-    if low is None and high is None:
+    return health_in(value, low, high)
+
+
+def health_in(value: float | None, low: float | None, high: float | None) -> str | None:
+    """``ok`` / ``low`` / ``high`` against (low, high), None when there is no range or value."""
+    if value is None or not math.isfinite(value) or (low is None and high is None):
         return None
     if low is not None and value < low:
         return "low"
@@ -165,13 +112,22 @@ def runs():
     param_cols = _csv_arg("params")
     if param_cols is None:
         param_cols = pick_param_columns(rows)
+    from registry.web.run_columns import MetricColumn, metric_summaries
+
+    try:
+        metric_columns = [MetricColumn.parse(m) for m in metric_cols]
+    except InputError as exc:
+        error, status_code, metric_columns = str(exc), 400, []
+    summaries = metric_summaries(reg, ids, [c for c in metric_columns if c.stat != "last"])
     for r in rows:
         per = last.get(r["id"], {})
         r["metric_cells"] = []
-        for name in metric_cols:
-            cell = per.get(name)
-            value = cell["value"] if cell else None
-            r["metric_cells"].append({"value": value, "health": health(value, defs.get(name), r.get("task"))})
+        for col in metric_columns:
+            cell = per.get(col.name)
+            value = (cell["value"] if cell else None) if col.stat == "last" else summaries[r["id"]].get(col.spec)
+            # Only a last value is judged against the healthy range (it describes the run's end).
+            r["metric_cells"].append({"value": value, "health": health(value, defs.get(col.name), r.get("task"))
+                                      if col.stat == "last" else None})
     findings = findings_for_runs(
         reg, rows, refresh=int(current_app.config.get("FINDINGS_REFRESH_PER_REQUEST", 3)),
         budget_s=float(current_app.config.get("FINDINGS_REFRESH_BUDGET_MS", 60)) / 1000.0)
@@ -181,6 +137,7 @@ def runs():
     return render_template(
         "runs.html", rows=rows, total=total, page=page, pages=pages, size=size, q=q, quick=quick, order=order,
         error=error, error_column=error_column, metric_cols=metric_cols, param_cols=param_cols, defs=defs,
+        metric_columns=metric_columns, picker=column_choices(reg, rows, defs),
         projects=queries.distinct_values(reg, "project"), verdicts=VERDICTS, statuses=RUN_STATUSES,
         sort_columns=SORT_COLUMNS, orderable=set(ORDERABLE), first=(page - 1) * size + 1 if total else 0,
         last_index=min(total, page * size), metric_names=sorted(defs),
@@ -219,16 +176,34 @@ def _quantity_rank(definition: Mapping[str, Any] | None) -> int:
     return QUANTITIES.index(q) if q in QUANTITIES else len(QUANTITIES)
 
 
+def card_range(run: Mapping[str, Any], definition: Mapping[str, Any] | None,
+               ranges: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The healthy range a card draws: the one the run's diagnosis resolved for the metric
+    (``ranges``, from its summary: dictionary, task range, baseline or diagnosis default, with the
+    source), or the dictionary's alone when no diagnosis could be made (``ranges`` None)."""
+    if definition is None:
+        return None
+    if ranges is not None:
+        r = ranges.get(definition["name"])
+        return dict(r) if r else None
+    low, high = healthy_range_for(definition, run.get("task"))
+    if low is None and high is None:
+        return None
+    return {"low": low, "high": high, "source": "dictionary (the run's diagnosis failed: only the dictionary's "
+                                                "range is known)"}
+
+
 def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Mapping[str, Any] | None,
-              opts: SmoothOptions) -> dict[str, Any]:
-    """Everything a dashboard plot card shows about one series."""
+              opts: SmoothOptions, ranges: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a dashboard plot card shows about one series (``ranges``: see :func:`card_range`)."""
     sign = series.get("sign") or 1.0
     last = series.get("last")
     value = None if last is None else last * sign
     semantics = series.get("semantics") or {}
     caption = describe_semantics(semantics) if definition else "unmapped: raw values as logged"
     window = opts.window_for(definition, series.get("count"))
-    low, high = healthy_range_for(definition, run.get("task")) if definition else (None, None)
+    resolved = card_range(run, definition, ranges)
+    low, high = (resolved["low"], resolved["high"]) if resolved else (None, None)
     params = {"key": series["key"], **opts.query()}
     sem_title = "; ".join(
         f"{label}: {semantics.get(f) or 'unspecified'}" for f, label in (
@@ -250,7 +225,9 @@ def plot_card(run: Mapping[str, Any], series: Mapping[str, Any], definition: Map
         "nonfinite": (series.get("nan_count") or 0) + (series.get("inf_count") or 0),
         "last_step": series.get("last_step"),
         "healthy": (low, high),
-        "health": health(value, definition, run.get("task")),
+        "healthy_source": resolved.get("source") if resolved else None,
+        "healthy_used": bool(resolved and resolved.get("used")),
+        "health": health_in(value, low, high) if definition else None,
         "img": url_for("plots.run_plot", ref=run["id"]) + "?" + _q(params),
         "svg": url_for("plots.run_plot", ref=run["id"]) + "?" + _q({**params, "format": "svg"}),
         "csv": url_for("plots.run_data", ref=run["id"], fmt="csv") + "?" + _q(params),
@@ -301,9 +278,12 @@ def run_dashboard(ref: str):
     current_app.extensions["rlregistry.refs"].put(queries.refs_from_detail(run, defs))
     layers: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
     unmapped = []
+    # The diagnosis first: the cards draw the ranges it judged by.
+    diagnosis = panels.diagnosis_panel(reg, run)
+    ranges = diagnosis.get("ranges") if isinstance(diagnosis, Mapping) else None
     for s in run["series"]:
         definition = defs.get(s["definition"]) if s.get("definition") else None
-        card = plot_card(run, s, definition, opts)
+        card = plot_card(run, s, definition, opts, ranges)
         if definition is None:
             unmapped.append(card)
         else:
@@ -311,12 +291,11 @@ def run_dashboard(ref: str):
     for cards in layers.values():
         cards.sort(key=lambda c: (_quantity_rank(c["definition"]), c["name"] or "", c["key"]))
     unmapped.sort(key=lambda c: c["key"])
-    diagnosis = panels.diagnosis_panel(reg, run)
     marks = diagnosis.get("severity_by_metric", {}) if isinstance(diagnosis, Mapping) else {}
     if isinstance(diagnosis, Mapping) and "spans" in diagnosis:
         from registry.web.plots import span_memo
 
-        span_memo().put(run["id"], run["data_version"], diagnosis["spans"])
+        span_memo().put(run["id"], run["data_version"], diagnosis["spans"], ranges)
     _anchor_cards(layers, run, marks)
     flagged = [c for cards in layers.values() for c in cards if c["health"] in ("low", "high")]
     in_range = sum(1 for cards in layers.values() for c in cards if c["health"] == "ok")
@@ -454,237 +433,3 @@ def compare_interactive() -> dict[str, Any] | None:
         return None
     return {"style_guards": inline_style_guards(),
             "static_url": url_for("ui.compare") + "?" + _q({**request.args.to_dict(flat=False), "plots": "static"})}
-
-
-# --- health baselines --------------------------------------------------------------------
-
-try:  # WTForms >= 3.3 deprecates (value, label) tuples
-    from wtforms.fields.choices import SelectChoice
-except ImportError:  # pragma: no cover - older WTForms
-    SelectChoice = None
-
-
-def _choice(value: str, label: str) -> Any:
-    return SelectChoice(value, label) if SelectChoice is not None else (value, label)
-
-
-def acting_user() -> str | None:
-    """The logged-in user once the app has logins (``registry.web.security``); None until then."""
-    try:
-        from registry.web.security import current_user
-    except ImportError:
-        return None
-    try:
-        return current_user()
-    except Exception:  # noqa: BLE001 - no login machinery, no user
-        return None
-
-
-class _Checkboxes(SelectMultipleField):
-    widget = widgets.ListWidget(prefix_label=False)
-    option_widget = widgets.CheckboxInput()
-
-
-class BaselineBuildForm(FlaskForm):
-    runs = _Checkboxes("Learn from these runs", choices=[], validate_choice=True)
-    keep_edits = BooleanField("Keep the bands the team edited by hand", default=True)
-    allow_weak = BooleanField("Accept a weak baseline (fewer than 3 healthy runs; labelled so wherever it is used)",
-                              default=False)
-    author = StringField("Your name", validators=[Optional(), Length(max=200)],
-                         description="Recorded with the baseline")
-    note = StringField("Why (optional)", validators=[Optional(), Length(max=2000)])
-
-    def validate_runs(self, field: SelectMultipleField) -> None:
-        if not field.data:
-            raise ValidationError("tick at least one run to learn from")
-
-
-def _finite(field: FloatField) -> None:
-    if field.data is not None and not math.isfinite(field.data):
-        raise ValidationError("must be a finite number")
-
-
-class BandEditForm(FlaskForm):
-    early_low = FloatField("Early: low", validators=[Optional()])
-    early_high = FloatField("Early: high", validators=[Optional()])
-    mid_low = FloatField("Mid: low", validators=[Optional()])
-    mid_high = FloatField("Mid: high", validators=[Optional()])
-    warning = TextAreaField("Warning signal", validators=[Optional(), Length(max=2000)],
-                            description="What it means when a run leaves the band")
-    author = StringField("Your name", validators=[Optional(), Length(max=200)],
-                         description="Recorded in the baseline's history")
-    note = StringField("Why this change", validators=[Optional(), Length(max=2000)])
-
-    def validate(self, extra_validators: Any = None) -> bool:
-        ok = super().validate(extra_validators)
-        for phase in ("early", "mid"):
-            low, high = getattr(self, f"{phase}_low"), getattr(self, f"{phase}_high")
-            for f in (low, high):
-                try:
-                    _finite(f)
-                except ValidationError as exc:
-                    f.errors = [*f.errors, str(exc)]
-                    ok = False
-            if (low.data is None) != (high.data is None):
-                (low if low.data is None else high).errors = [
-                    "give both bounds, or leave both empty to drop this phase's band"]
-                ok = False
-            elif low.data is not None and high.data is not None and low.data > high.data:
-                high.errors = [*high.errors, "must not be below the low bound"]
-                ok = False
-        return ok
-
-    def band(self, phase: str) -> tuple[float, float] | None:
-        low, high = getattr(self, f"{phase}_low").data, getattr(self, f"{phase}_high").data
-        return None if low is None or high is None else (float(low), float(high))
-
-
-def _author(form: FlaskForm) -> str | None:
-    return acting_user() or ((form.author.data or "").strip() or None)
-
-
-def _task_runs(reg: Any, task: str) -> tuple[list[dict[str, Any]], set[str]]:
-    from registry.health import _quote, healthy_runs
-
-    rows, _ = reg.list_runs(where=f'task="{_quote(task)}"', order_by="name", limit=500)
-    healthy = {r["id"] for r in healthy_runs(reg, task)}
-    return rows, healthy
-
-
-def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuildForm, list[dict[str, Any]], set[str]]:
-    rows, healthy = _task_runs(reg, task)
-    current = None
-    try:
-        from registry.health import require_baseline
-
-        _, meta = require_baseline(reg, task)
-        current = set(meta["source_runs"] or [])
-    except NotFoundError:
-        pass
-    form = BaselineBuildForm(formdata=formdata) if formdata is not None else BaselineBuildForm(
-        runs=[r["id"] for r in rows if r["id"] in (current if current else healthy)])
-    form.runs.choices = [_choice(r["id"], r["name"]) for r in rows]
-    return form, rows, healthy
-
-
-def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, status: int = 200,
-                   error: str | None = None):
-    from registry.health import baseline_history, edited_metrics, require_baseline
-
-    reg = get_registry()
-    try:
-        profile, meta = require_baseline(reg, task)
-    except NotFoundError:
-        profile, meta = None, None
-    form, rows, healthy = _build_form(reg, task)
-    if build_form is not None:
-        build_form.runs.choices = form.runs.choices
-        form = build_form
-    history = baseline_history(reg, task)
-    edited = edited_metrics(history)
-    names = {r["id"]: r for r in rows}
-    sources = []
-    if meta:
-        missing = [rid for rid in meta["source_runs"] if rid not in names]
-        extra = {}
-        if missing:
-            with reg.read() as session:
-                from sqlalchemy import select
-
-                from registry.models import Run
-
-                extra = {rid: {"id": rid, "name": name, "verdict": verdict} for rid, name, verdict in session.execute(
-                    select(Run.id, Run.name, Run.verdict).where(Run.id.in_(missing)))}
-        sources = [names.get(rid) or extra.get(rid) or {"id": rid, "name": rid[:12], "verdict": None, "gone": True}
-                   for rid in meta["source_runs"]]
-    defs = queries.definition_summaries(reg, sorted(profile.metrics) if profile else [])
-    metrics = []
-    if profile:
-        for name, mb in sorted(profile.metrics.items(), key=lambda kv: (
-                LAYERS.index(defs[kv[0]]["layer"]) if kv[0] in defs and defs[kv[0]]["layer"] in LAYERS else 9,
-                kv[0])):
-            metrics.append({"name": name, "early": mb.early, "mid": mb.mid, "warning": mb.warning,
-                            "n_runs": mb.n_runs, "definition": defs.get(name), "edited": edited.get(name)})
-    return render_template(
-        "baseline.html", task=task, profile=profile, meta=meta, metrics=metrics, sources=sources, form=form,
-        rows=rows, rows_by_id=names, healthy=healthy, history=list(reversed(history))[:30], error=error,
-        user=acting_user(),
-    ), status
-
-
-@bp.get("/baselines")
-def baselines():
-    """Every task with its baseline (or the lack of one)."""
-    from registry.health import list_baselines
-
-    return render_template("baselines.html", tasks=list_baselines(get_registry()))
-
-
-@bp.get("/baselines/<path:task>")
-def baseline(task: str):
-    """A task's health baseline: metric, early band, mid band, warning signal; sources; build form."""
-    return _baseline_page(task)
-
-
-@bp.post("/baselines/<path:task>/build")
-@admin_access_required
-def baseline_build(task: str):
-    """Learn (or re-learn) the task's baseline from the ticked runs."""
-    from registry.health import build_task_baseline
-
-    reg = get_registry()
-    form, _, _ = _build_form(reg, task, formdata=request.form)
-    author = _author(form)
-    if not form.validate_on_submit() or author is None:
-        if author is None and not form.author.errors:
-            form.author.errors = [*form.author.errors, "say who builds it (recorded with the baseline)"]
-        return _baseline_page(task, form, 400)
-    try:
-        profile = build_task_baseline(reg, task, form.runs.data, author=author, keep_edits=form.keep_edits.data,
-                                      note=(form.note.data or "").strip(), allow_weak=form.allow_weak.data)
-    except InputError as exc:
-        return _baseline_page(task, form, 400, error=str(exc))
-    flash(f"Built the {task} baseline: {len(profile.metrics)} metrics from {len(form.runs.data)} run(s).", "success")
-    return redirect(url_for("ui.baseline", task=task))
-
-
-@bp.route("/baselines/<path:task>/metrics/<metric>/edit", methods=["GET", "POST"])
-@admin_access_required
-def baseline_edit(task: str, metric: str):
-    """Tune one metric's early and mid bands (and its warning text) by hand."""
-    from registry.health import edit_baseline_metric, require_baseline
-
-    reg = get_registry()
-    profile, meta = require_baseline(reg, task)
-    mb = profile.metrics.get(metric)
-    if mb is None:
-        raise NotFoundError(f"the {task} baseline has no metric {metric!r}")
-    if request.method == "POST":
-        form = BandEditForm()
-    else:
-        form = BandEditForm(early_low=mb.early.low if mb.early else None,
-                            early_high=mb.early.high if mb.early else None,
-                            mid_low=mb.mid.low if mb.mid else None, mid_high=mb.mid.high if mb.mid else None,
-                            warning=mb.warning)
-    error = None
-    if form.validate_on_submit():
-        author = _author(form)
-        if author is None:
-            form.author.errors = ["say who changes it (recorded in the history)"]
-        else:
-            try:
-                entry = edit_baseline_metric(reg, task, metric, author=author, note=(form.note.data or "").strip(),
-                                             early=form.band("early"), mid=form.band("mid"),
-                                             warning=(form.warning.data or "").replace("\r\n", "\n"))
-            except InputError as exc:
-                error = str(exc)
-            else:
-                if entry is None:
-                    flash(f"Nothing changed for {metric}.", "info")
-                else:
-                    flash(f"Saved {metric}: {', '.join(entry['changes'])} changed by {author}.", "success")
-                return redirect(url_for("ui.baseline", task=task) + f"#metric-{metric}")
-    status = 400 if request.method == "POST" else 200
-    definition = queries.definition_summaries(reg, [metric]).get(metric)
-    return render_template("baseline_edit.html", task=task, metric=metric, mb=mb, profile=profile, meta=meta,
-                           form=form, error=error, definition=definition, user=acting_user()), status

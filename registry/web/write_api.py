@@ -1,5 +1,8 @@
 """The JSON write API under /api/ (documented in ``openapi.yaml``): runs, metric batches, outcomes,
-status, deletes, dictionary edits and file uploads.
+status, deletes, dictionary edits and file uploads (archives are unpacked by ``archives``).
+
+Longer than 500 lines: one endpoint per write, each with the input checks that make a bad
+body a 400 naming the field instead of a 500; they share the helpers at the top.
 
 Every endpoint needs ``Authorization: Bearer <token>`` or a session login plus an
 ``X-CSRFToken`` header (:func:`~registry.web.security.write_access_required`). Errors are
@@ -20,7 +23,11 @@ batch whose answer it never saw. Outcome and status writes are idempotent by nat
 
 Uploads (``POST /api/uploads``, multipart, one ``file`` part): a single ``trainer_state.json``, CSV,
 JSONL or verl console log, or a ``.zip`` / ``.tar`` / ``.tar.gz`` of a TensorBoard run directory (or
-of a checkpoint directory holding ``trainer_state.json``). The kind is told from the content
+of a checkpoint directory holding ``trainer_state.json``); or a tracker's store: an MLflow or
+trackio database file, a W&B history export (Parquet) or ``.wandb`` log, or an archive of an
+``mlruns/`` store or of W&B run directories. A store registers one run per tracker run (the
+answer's ``runs``); runs imported before are skipped, and a store with nothing new is a 409.
+A store of which some runs cannot be read registers nothing. The kind is told from the content
 (``registry.importers.open_source``), never from the client's file name, and the bytes are written
 only under ``UPLOAD_DIR`` (``RLREG_UPLOAD_DIR``, default ``./rlregistry-uploads``) in a new directory
 with generated names; the client's file name is only used as the run's default name and in error
@@ -37,23 +44,25 @@ import math
 import os
 import re
 import shutil
-import stat
 import tarfile
-import time
 import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from registry.dictionary import get_definition, update_definition
-from registry.errors import AlreadyRegisteredError, InputError, LimitExceededError
+from registry.dictionary.definitions import get_definition, update_definition
+from registry.core.errors import AlreadyRegisteredError, InputError, LimitExceededError
+from registry.core.jsonsafe import has_unstorable_text
 from registry.importers import run_paths
-from registry.models import IngestBatch, Run
-from registry.series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
-from registry.web import get_registry
+from registry.db.models import IngestBatch, Run
+from registry.core.series import DEFAULT_ORDER_POLICY, ORDER_POLICIES, SeriesData
+from registry.web import archives
+from registry.web.context import get_registry
+from registry.store.run_history import record_registration
+from registry.store.tracker_runs import PartialImportError, store_format
 from registry.web.api import clean
 from registry.web.security import admin_access_required, current_user, write_access_required
 
@@ -84,32 +93,13 @@ def _body(allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError("the body must be a JSON object (Content-Type: application/json)")
     limits.check_depth(data, "the request body")
-    if _has_nul(data):
+    if has_unstorable_text(data):
         raise InputError("the body contains a NUL character or a lone surrogate (\\ud800-\\udfff)")
     if allowed is not None:
         unknown = sorted(set(data) - set(allowed))
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}")
     return data
-
-
-def _has_nul(value: Any) -> bool:
-    """A NUL (PostgreSQL text cannot hold it) or a lone surrogate (no database can encode it)."""
-    if isinstance(value, str):
-        return "\x00" in value or _has_surrogate(value)
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
@@ -318,7 +308,7 @@ def set_outcome(ref: str) -> Response:
     reg = get_registry()
     with reg.read() as s:
         run_id = reg.resolve_run(s, ref).id
-    reg.set_outcome(run_id, **outcome)
+    reg.set_outcome(run_id, author=current_user(), **outcome)
     _audit("set outcome", run_id)
     return jsonify(_run_summary(run_id))
 
@@ -333,7 +323,7 @@ def set_status(ref: str) -> Response:
     reg = get_registry()
     with reg.read() as s:
         run_id = reg.resolve_run(s, ref).id
-    reg.set_status(run_id, status)
+    reg.set_status(run_id, status, author=current_user())
     _audit(f"set status {status}", run_id)
     return jsonify(_run_summary(run_id))
 
@@ -341,7 +331,7 @@ def set_status(ref: str) -> Response:
 @bp.delete("/runs/<ref>")
 @admin_access_required
 def delete_run(ref: str) -> Response:
-    run_id = get_registry().delete_run(ref)
+    run_id = get_registry().delete_run(ref, author=current_user())
     _audit("delete run", run_id)
     return jsonify({"deleted": run_id})
 
@@ -376,159 +366,6 @@ def upload_root() -> Path:
     return root
 
 
-
-def _display_name(filename: str | None) -> str:
-    """The client's file name for messages: its last component, printable, at most 100 characters."""
-    name = (filename or "").replace("\\", "/").rsplit("/", 1)[-1]
-    name = "".join(c for c in name if c.isprintable())[:100].strip()
-    return name if name not in ("", ".", "..") else "upload"
-
-
-def _create_file(path: Path) -> IO[bytes]:
-    """A new file that did not exist (no overwrite, no following a planted link)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    return os.fdopen(fd, "wb")
-
-
-def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: list[int], what: str,
-                  started: float | None = None) -> None:
-    """Copy with a byte budget (shared by all members) and a CPU-time budget for the decompression."""
-    limits = current_app.config["LIMITS"]
-    started = time.thread_time() if started is None else started
-    while chunk := src.read(1 << 20):
-        budget[0] -= len(chunk)
-        if budget[0] < 0:
-            raise LimitExceededError(f"the archive unpacks to more than {current_app.config['MAX_UNPACKED_BYTES']} "
-                                     "bytes (RLREG_MAX_UNPACKED_BYTES)", what, status=413)
-        if time.thread_time() - started > limits.max_decompress_seconds:
-            raise LimitExceededError(f"unpacking the archive takes more than {limits.max_decompress_seconds:g} s of "
-                                     "CPU time (RLREG_MAX_DECOMPRESS_SECONDS)", what)
-        dst.write(chunk)
-
-
-def _decompressed_tar(archive: Path, shown: str) -> Path:
-    """A compressed tar (gzip, bzip2, xz) unpacked to a plain tar beside it, within the byte and CPU budgets.
-
-    tarfile would decompress the whole stream just to list the members, with no bound: a few KB of
-    bzip2 can take tens of seconds. A plain tar is returned as it is."""
-    import bz2
-    import gzip
-    import lzma
-
-    with open(archive, "rb") as f:
-        head = f.read(6)
-    opener = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ": lzma.open}
-    for magic, open_compressed in opener.items():
-        if head.startswith(magic):
-            break
-    else:
-        return archive
-    plain = archive.with_suffix(".tar")
-    budget = [int(current_app.config["MAX_UNPACKED_BYTES"]) + 1024 * int(current_app.config["MAX_ARCHIVE_MEMBERS"])]
-    with open_compressed(archive, "rb") as src, _create_file(plain) as dst:
-        _copy_limited(src, dst, budget, shown)
-    archive.unlink()
-    return plain
-
-
-def member_path(name: str, archive: str) -> PurePosixPath:
-    """An archive member's relative path, or InputError for anything that could leave the target."""
-    if not name or "\x00" in name or any(ord(c) < 32 for c in name):
-        raise InputError(f"member {name[:80]!r} has an unusable name", archive)
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        raise InputError(f"member {name[:80]!r} has an absolute path; refusing the archive", archive)
-    parts = [p for p in re.split(r"[/\\]", name) if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise InputError(f"member {name[:80]!r} points outside the archive ('..'); refusing the archive", archive)
-    if not parts:
-        raise InputError(f"member {name[:80]!r} has an empty path", archive)
-    return PurePosixPath(*parts)
-
-
-def _inside(root: Path, rel: PurePosixPath) -> Path:
-    target = (root / rel).resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise InputError(f"member {str(rel)[:80]!r} resolves outside the target directory")
-    return target
-
-
-def _unpack(plan: list[tuple[Path, bool, int, Any]], tree: Path, shown: str) -> None:
-    """Write checked archive members under ``tree``: (relative path, is directory, size, opener)."""
-    limit = int(current_app.config["MAX_UNPACKED_BYTES"])
-    if sum(size for _, is_dir, size, _ in plan if not is_dir) > limit:
-        raise InputError(f"the archive unpacks to more than {limit} bytes", shown)
-    budget = [limit]  # declared sizes can lie: the copy counts the bytes really written
-    started = time.thread_time()
-    for rel, is_dir, _, opener in plan:
-        target = _inside(tree, rel)
-        if is_dir:
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with opener() as src, _create_file(target) as dst:
-            _copy_limited(src, dst, budget, shown, started)
-
-
-def _extract_zip(archive: Path, tree: Path, shown: str) -> None:
-    limit_members = int(current_app.config["MAX_ARCHIVE_MEMBERS"])
-    with zipfile.ZipFile(archive) as zf:
-        infos = zf.infolist()
-        if len(infos) > limit_members:
-            raise InputError(f"the archive has {len(infos)} members; at most {limit_members} are accepted", shown)
-        plan = []
-        for info in infos:
-            rel = member_path(info.filename, shown)
-            kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix type recorded (a plain file)
-            if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-                raise InputError(f"member {info.filename[:80]!r} is a link or a special file", shown)
-            if info.flag_bits & 0x1:
-                raise InputError(f"member {info.filename[:80]!r} is encrypted", shown)
-            plan.append((rel, info.is_dir(), info.file_size, lambda info=info: zf.open(info)))
-        _unpack(plan, tree, shown)
-
-
-def _extract_tar(archive: Path, tree: Path, shown: str) -> None:
-    limit_members = int(current_app.config["MAX_ARCHIVE_MEMBERS"])
-    archive = _decompressed_tar(archive, shown)
-    with tarfile.open(archive, mode="r:") as tf:
-        members = []
-        for m in tf:
-            members.append(m)
-            if len(members) > limit_members:
-                raise InputError(f"the archive has more than {limit_members} members", shown)
-        plan = []
-        for m in members:
-            rel = member_path(m.name, shown)
-            if not (m.isreg() or m.isdir()):
-                raise InputError(f"member {m.name[:80]!r} is a link or a special file", shown)
-            plan.append((rel, m.isdir(), m.size, lambda m=m: _tar_member(tf, m, shown)))
-        _unpack(plan, tree, shown)
-
-
-def _tar_member(tf: tarfile.TarFile, member: tarfile.TarInfo, shown: str) -> Any:
-    src = tf.extractfile(member)
-    if src is None:
-        raise InputError(f"member {member.name[:80]!r} cannot be read", shown)
-    return src
-
-
-def lzma_error() -> type[Exception]:
-    import lzma
-
-    return lzma.LZMAError
-
-
-def _archive_kind(path: Path) -> str | None:
-    with open(path, "rb") as f:
-        head = f.read(262)
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "zip"
-    if head.startswith(b"\x1f\x8b") or head.startswith(b"BZh") or head.startswith(b"\xfd7zXZ\x00") or \
-            head[257:262] == b"ustar":
-        return "tar"
-    return None
-
-
 def _form_bool(name: str) -> bool:
     value = (request.form.get(name) or "").strip().lower()
     if value in ("", "0", "false", "no"):
@@ -551,7 +388,7 @@ def _form_json(name: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise InputError(f"{name} must be a JSON object")
     current_app.config["LIMITS"].check_depth(value, name)
-    if _has_nul(value):
+    if has_unstorable_text(value):
         raise InputError(f"{name} contains a NUL character")
     return value
 
@@ -579,9 +416,9 @@ def upload() -> tuple[Response, int]:
     if len(files) != 1 or len(request.files) != 1:
         raise InputError("send exactly one file, as the multipart part named 'file'")
     upload_file = files[0]
-    if _has_nul([*request.form.keys(), *request.form.values(), upload_file.filename or ""]):
+    if has_unstorable_text([*request.form.keys(), *request.form.values(), upload_file.filename or ""]):
         raise InputError("the form contains a NUL character")
-    shown = _display_name(upload_file.filename)
+    shown = archives.display_name(upload_file.filename)
     fmt = (request.form.get("format") or "").strip() or None
     on_disorder = (request.form.get("on_disorder") or DEFAULT_ORDER_POLICY).strip()
     if on_disorder not in ORDER_POLICIES:
@@ -595,11 +432,11 @@ def upload() -> tuple[Response, int]:
     ok = False
     try:
         raw = workdir / "upload.bin"
-        with _create_file(raw) as dst:
+        with archives.create_file(raw) as dst:
             shutil.copyfileobj(upload_file.stream, dst, 1 << 20)
         if raw.stat().st_size == 0:
             raise InputError("the file is empty", shown)
-        kind = _archive_kind(raw)
+        kind = archives.archive_kind(raw)
         mapping: list[tuple[str, str]]
         default_name: str | None
         if kind is None:
@@ -614,8 +451,8 @@ def upload() -> tuple[Response, int]:
             tree = workdir / "tree"
             tree.mkdir()
             try:
-                (_extract_zip if kind == "zip" else _extract_tar)(raw, tree, shown)
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError, lzma_error()) as exc:
+                (archives.extract_zip if kind == "zip" else archives.extract_tar)(raw, tree, shown)
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError, archives.lzma_error()) as exc:
                 if isinstance(exc, InputError):
                     raise
                 raise InputError(f"not a readable {kind} archive: {exc}", shown) from None
@@ -627,11 +464,20 @@ def upload() -> tuple[Response, int]:
             default_name = source_path.name if source_path != tree else re.sub(
                 r"(\.tar)?\.(zip|tar|tgz|gz|bz2|xz)$", "", shown, flags=re.I) or shown
         name = (request.form.get("name") or "").strip() or default_name
-        if len(run_paths(source_path, fmt)) > 1:
-            name = None  # a directory of runs: each run keeps its sub-directory's name
+        try:
+            store = store_format(source_path, fmt)
+        except InputError as exc:
+            raise _rewrite(exc, mapping) from None
+        if store is not None or len(run_paths(source_path, fmt)) > 1:
+            # A tracker's store or a directory of runs: each run keeps its own name (the tracker's,
+            # or its sub-directory's) unless the client named the one run.
+            name = (request.form.get("name") or "").strip() or None
+        project = (request.form.get("project") or "").strip() or "default"
+        if store == "trackio" and project == "default":
+            project = PurePosixPath(shown).stem or project  # trackio names a project by its database file
         try:
             results = get_registry().register_all(
-                source_path, format=fmt, name=name, project=(request.form.get("project") or "").strip() or "default",
+                source_path, format=fmt, name=name, project=project,
                 algorithm=(request.form.get("algorithm") or "").strip() or None,
                 framework=(request.form.get("framework") or "").strip() or None,
                 task=(request.form.get("task") or "").strip() or None, params=_form_json("params"),
@@ -639,10 +485,20 @@ def upload() -> tuple[Response, int]:
                 status=status, on_disorder=on_disorder, replace=_form_bool("replace"),
                 semantics=_semantics(_form_json("semantics")),
             )
+        except PartialImportError as exc:
+            # An upload lands whole or not at all: the store's runs that did register are taken out again.
+            for done in exc.registered:
+                get_registry().delete_run(done.run_id)
+            reasons = "; ".join(f"{run}: {reason}" for run, reason in exc.failures[:3])
+            raise _rewrite(InputError(f"{len(exc.failures)} run(s) could not be registered ({reasons}); "
+                                      "nothing was registered", str(source_path)), mapping) from None
         except InputError as exc:
             raise _rewrite(exc, mapping) from None
         except (UnicodeError, ValueError, OSError) as exc:
             raise InputError(f"cannot read the upload: {exc}", shown) from None
+        if not results and getattr(results, "skipped", None):
+            # Every run of the uploaded store was imported before: nothing new, as for a file sent twice.
+            raise AlreadyRegisteredError(*results.present[0])
         ok = True
     finally:
         if not ok:
@@ -650,6 +506,8 @@ def upload() -> tuple[Response, int]:
     result = results[0]
     for registered in results:
         _audit("upload", registered.run_id)
+        record_registration(get_registry(), registered.run_id, current_user(), shown,
+                            {"series": registered.series_count, "points": registered.point_count})
     out = clean(result.to_dict())
     out["file"] = shown
     if len(results) > 1:
@@ -659,4 +517,4 @@ def upload() -> tuple[Response, int]:
     return response, 201
 
 
-__all__ = ["bp", "member_path", "parse_points"]
+__all__ = ["bp", "archives.member_path", "parse_points"]

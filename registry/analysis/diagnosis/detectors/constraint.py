@@ -1,0 +1,370 @@
+"""Constraint-layer detectors: KL spikes and climbs, clip fraction too high or too low, entropy collapse,
+a value loss that stops learning, a policy loss that keeps growing."""
+from __future__ import annotations
+
+import numpy as np
+
+from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.signal import (
+    mad_sigma,
+    merge_close,
+    rank_corr,
+    rolling_median,
+    runs,
+    shift,
+    window_ends,
+)
+from registry.analysis.diagnosis.types import Finding
+from registry.analysis.diagnosis.detectors.common import TINY, top
+
+
+# ---------------------------------------------------------------------------------------
+# KL
+# ---------------------------------------------------------------------------------------
+def detect_kl_spike(ctx: Context) -> list[Finding]:
+    out = []
+    st = ctx.s
+    for name in ctx.role("kl"):
+        sr = ctx.series(name)
+        n = sr.n
+        if n < 2:
+            continue
+        _, high = ctx.range(name)
+        R = max(st.spike_ref_points, ctx.window(name, sr))
+        ref = shift(rolling_median(sr.y, R, "trailing"), 1)
+        ref[0] = float(np.median(sr.y))
+        peak = sr.ymax
+        floor = max(TINY, 1e-6 * float(np.median(np.abs(sr.y))))
+        ratio = peak / np.maximum(ref, floor)
+        cond = ratio >= st.spike_ratio
+        if high is not None:
+            cond &= peak > st.spike_gate_frac * high
+        else:
+            cond &= ratio >= st.spike_ratio_critical
+        M = ctx.persist(n)
+        found = []
+        for a, b in merge_close(runs(cond), M):
+            i = a + int(np.argmax(ratio[a:b + 1]))
+            post = float(np.median(sr.y[i:min(n, i + M)]))
+            r = float(ratio[i])
+            sev = "critical" if r >= st.spike_ratio_critical else "warning"
+            found.append(ctx.finding(
+                "kl_spike", name, sr.step(a), sr.step_end(b), sev,
+                (f"KL jumped to {float(peak[i]):.4g}, {r:.3g}x its recent level {float(ref[i]):.3g}"
+                 if r < 1e6 else f"KL jumped to {float(peak[i]):.4g} from a recent level of ~0")
+                + (f" (healthy high {high:g})" if high is not None else ""),
+                evidence={"peak": float(peak[i]), "recent_level": float(ref[i]), "ratio": min(r, 1e12),
+                          "level_after": post, "healthy_high": high if high is not None else float("nan")},
+                causes=["learning rate too high for this batch size", "too many epochs / minibatches per rollout",
+                        "a KL coefficient that is too small (or disabled)",
+                        "a bad batch (outliers, very long responses)"],
+                check=["clip fraction and grad norm at the same step", "learning-rate schedule (warm-up end?)",
+                       "entropy and reward right after the spike"],
+                action="lower the learning rate or raise the KL coefficient / tighten the clip range",
+                detected_at=sr.step(i), related=["clip_fraction", "grad_norm", "learning_rate"]))
+        out.extend(top(found, ctx, "ratio"))
+    return out
+
+
+def detect_kl_climb(ctx: Context) -> list[Finding]:
+    out = []
+    st = ctx.s
+    for name in ctx.role("kl"):
+        sr = ctx.series(name)
+        n = sr.n
+        low, high = ctx.range(name)
+        if high is None or n < 4:
+            continue
+        M = ctx.persist(n)
+        s = rolling_median(sr.y, max(3, ctx.window(name, sr)), "centered")
+        early = float(np.median(s[: ctx.early(n)]))
+        base = max(min(early, high) * 1.5, 0.3 * high)
+        found = []
+        for a, b in runs(s > high, M):
+            prior = np.flatnonzero(s[:a] <= base)
+            onset = int(prior[-1]) if prior.size else 0
+            corr = rank_corr(s[onset:a + M]) if a + M - onset >= 3 else 0.0
+            climbing = corr >= st.climb_min_corr and (a - onset) >= M
+            smax = float(s[a:b + 1].max())
+            sev = "critical" if smax > st.kl_critical_factor * high else "warning"
+            start = onset if climbing else a
+            title = (f"KL climbing steadily from {float(s[onset]):.3g} to {smax:.3g}, above healthy high {high:g}"
+                     if climbing else f"KL persistently above its healthy high {high:g} (up to {smax:.3g}) "
+                                      f"for {(b - a + 1) * sr.bin_size} points")
+            found.append(ctx.finding(
+                "kl_climb", name, sr.step(start), sr.step_end(b), sev, title,
+                evidence={"level_start": float(s[onset]), "level_max": smax, "healthy_high": high,
+                          "rank_corr": corr, "points_above": (b - a + 1) * sr.bin_size,
+                          "excess": smax / high},
+                causes=["the policy drifts away from the reference/old policy faster than the KL term restrains it",
+                        "KL coefficient too small or adaptive-KL target too high",
+                        "learning rate too high late in training (no decay)"],
+                check=["KL coefficient and its schedule", "reward trend over the same span (reward up + KL up?)",
+                       "clip fraction"],
+                action="raise the KL coefficient (or lower its target), lower the learning rate",
+                detected_at=sr.step(min(a + M - 1, n - 1)), related=["clip_fraction", "reward_mean"]))
+        out.extend(top(found, ctx, "excess"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Clip fraction
+# ---------------------------------------------------------------------------------------
+def detect_clip_high(ctx: Context) -> list[Finding]:
+    name = ctx.first("clip_fraction")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    _, high = ctx.range(name)
+    if high is None:
+        return []
+    M = ctx.persist(n)
+    s = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
+    found = []
+    covered = np.zeros(n, bool)
+    tol = int(st.joint_overlap_frac * ctx.span)
+    for a, b in runs(s > high, M):
+        covered[a:b + 1] = True
+        med = float(np.median(sr.y[a:b + 1]))
+        sev = "critical" if med > st.clip_single_factor * high else "warning"
+        found.append(ctx.finding(
+            "clip_high", name, sr.step(a), sr.step_end(b), sev,
+            f"clip fraction persistently above {high:g} (median {med:.3g}) for {(b - a + 1) * sr.bin_size} points",
+            evidence={"median": med, "max": float(sr.ymax[a:b + 1].max()), "healthy_high": high,
+                      "points": (b - a + 1) * sr.bin_size},
+            causes=["update too large: learning rate too high", "too many epochs over the same rollout",
+                    "advantages not normalised / too large"],
+            check=["KL at the same steps", "learning rate and epochs per rollout", "advantage std"],
+            action="lower the learning rate, use fewer epochs or larger minibatches",
+            detected_at=sr.step(min(a + M - 1, n - 1)), related=["kl_old_mean", "learning_rate"]))
+    for a, b in merge_close(runs((sr.ymax > high) & ~covered), M):
+        peak = float(sr.ymax[a:b + 1].max())
+        kl = [f for f in ctx.findings if f.detector == "kl_spike"
+              and f.start <= sr.step_end(b) + tol and f.end >= sr.step(a) - tol]
+        if peak < st.clip_single_factor * high and not kl:
+            continue
+        found.append(ctx.finding(
+            "clip_high", name, sr.step(a), sr.step_end(b), "warning",
+            f"clip fraction {peak:.3g} (healthy high {high:g})"
+            + (" together with a KL spike" if kl else " in a short burst"),
+            evidence={"max": peak, "healthy_high": high, "points": (b - a + 1) * sr.bin_size,
+                      "with_kl_spike": float(bool(kl))},
+            causes=["one update far outside the trust region (learning rate too high)",
+                    "a bad batch"],
+            check=["KL and entropy at and right after this step"],
+            action="lower the learning rate; if it recurs, use fewer epochs per rollout",
+            detected_at=sr.step(a), related=["kl_old_mean"]))
+    return top(found, ctx, "points")
+
+
+def detect_clip_low(ctx: Context) -> list[Finding]:
+    name = ctx.first("clip_fraction")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    low, _ = ctx.range(name)
+    if low is None or n < 4:
+        return []
+    M = ctx.persist(n)
+    L = max(M, int(np.ceil(st.clip_low_min_frac * n)))
+    s = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
+    kl_name = ctx.first("kl_update")
+    found = []
+    for a, b in runs(s < low, L):
+        start, end = sr.step(a), sr.step_end(b)
+        med = float(np.median(sr.y[a:b + 1]))
+        ev = {"median": med, "healthy_low": low, "points": (b - a + 1) * sr.bin_size}
+        if kl_name is not None:
+            kl_low, kl_high = ctx.range(kl_name)
+            kl_level = ctx.median_between(kl_name, start, end)
+            ev["kl_median"] = kl_level
+            ref = kl_low if kl_low is not None else (st.kl_conservative_frac * kl_high if kl_high is not None else None)
+            corroborated = kl_level is not None and ref is not None and kl_level < ref
+            if ref is not None:
+                ev["kl_healthy_low"] = ref
+        else:
+            corroborated = med < st.clip_near_zero_factor * low
+        collapsed = ctx.overlapping("entropy_collapse", start, end, int(st.joint_overlap_frac * ctx.span))
+        causes = ["learning rate too small (the policy barely moves)", "too few epochs / too large minibatches",
+                  "clip range much wider than the actual update"]
+        if collapsed:
+            causes.insert(0, "the policy has collapsed (entropy near zero), so updates no longer change it")
+        sev = "warning" if corroborated else "info"
+        found.append(ctx.finding(
+            "clip_low", name, start, end, sev,
+            (f"updates too conservative: clip fraction {med:.3g} < {low:g}"
+             + (f" and KL {ev['kl_median']:.2g} below its healthy low" if corroborated and kl_name else "")
+             if corroborated else
+             f"clip fraction {med:.3g} below {low:g}, but KL is in range (acceptable late in training)")
+            + f" for {(b - a + 1) * sr.bin_size} points",
+            evidence=ev, causes=causes,
+            check=["learning rate (and its schedule)", "KL to the old policy", "entropy (collapsed policy?)"],
+            action="raise the learning rate (or epochs per rollout) until clip fraction is in range",
+            detected_at=sr.step(min(a + L - 1, n - 1)), related=["kl_old_mean", "learning_rate"]))
+    return found[: st.max_findings_per_metric]
+
+
+# ---------------------------------------------------------------------------------------
+# Entropy
+# ---------------------------------------------------------------------------------------
+def detect_entropy_collapse(ctx: Context) -> list[Finding]:
+    name = ctx.first("entropy")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    M = ctx.persist(n)
+    G = max(st.cliff_points, int(round(st.cliff_run_frac * n)))
+    if n < 4:
+        return []
+    y = sr.y
+    B = max(3, ctx.window(name, sr))
+    before = shift(rolling_median(y, B, "trailing"), 1)
+    after = shift(rolling_median(y, M, "leading"), -G)
+    idx = np.arange(n)
+    cond = (idx + G + M <= n) & (before > TINY) & (after <= (1 - st.cliff_frac) * before)
+    elow, _ = ctx.range(name)
+    found = []
+    for a, b in merge_close(runs(cond), M):
+        hi_k = min(n - 1, a + G + M)
+        lo_k = max(1, a)
+        c = lo_k + int(np.argmax(y[lo_k - 1:hi_k] - y[lo_k:hi_k + 1])) if hi_k >= lo_k else a
+        lvl_b, lvl_a = float(before[a]), float(after[a])
+        thr = (1 - st.cliff_frac) * lvl_b
+        seg = runs(y[c:] < thr)
+        end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
+        ratio = lvl_a / lvl_b
+        sev = "critical" if ratio <= st.cliff_critical_ratio or (elow is not None and lvl_a < elow) else "warning"
+        found.append(ctx.finding(
+            "entropy_collapse", name, sr.step(max(a, c - 1)), sr.step_end(end), sev,
+            f"entropy fell off a cliff: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points",
+            evidence={"level_before": lvl_b, "level_after": lvl_a, "ratio": ratio,
+                      "cliff_step": sr.step(c), "healthy_low": elow if elow is not None else float("nan")},
+            causes=["a too-large update made the policy (near-)deterministic",
+                    "no entropy bonus and a strong, narrow reward signal",
+                    "reward hacking onto one response pattern"],
+            check=["KL and clip fraction just before the cliff", "reward after the cliff (still improving?)",
+                   "sample diversity of responses/actions"],
+            action="resume from before the cliff with a lower learning rate, an entropy bonus or a KL penalty",
+            detected_at=sr.step(min(n - 1, c + M - 1)), related=["kl_old_mean", "clip_fraction"]))
+    return top(found, ctx, "level_before")
+
+
+# ---------------------------------------------------------------------------------------
+# Value loss not decreasing
+# ---------------------------------------------------------------------------------------
+def detect_value_loss_flat(ctx: Context) -> list[Finding]:
+    name = ctx.first("value_loss")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    if n < st.vl_min_points:
+        return []
+    M = ctx.persist(n)
+    e = ctx.early(n)
+    early = float(np.median(sr.y[:e]))
+    if early <= TINY:
+        return []
+    s = rolling_median(sr.y, max(3, ctx.window(name, sr), M), "centered")
+    flat = s > (1 - st.vl_min_decrease) * early
+    flat[:e] = True
+    L = max(M, int(np.ceil(st.vl_min_frac * n)))
+    spans = [(a, b) for a, b in merge_close(runs(flat), M) if b >= n - 1 - M and b - a + 1 >= L]
+    if not spans:
+        return []
+    a, b = spans[0]
+    start, end = sr.step(a), sr.step_end(b)
+    late = float(np.median(sr.y[max(a, n - e):]))
+    ev_name = ctx.first("explained_variance")
+    ev = {"early_level": early, "late_level": late, "ratio": late / early, "points": (b - a + 1) * sr.bin_size}
+    good_fit = False
+    if ev_name is not None:
+        evl = ctx.median_between(ev_name, start, end)
+        if evl is not None:
+            ev["explained_variance"] = evl
+            good_fit = evl >= st.vl_good_explained_variance
+    # Returns still climbing steadily: the critic chases a moving target, its loss cannot fall.
+    chasing = False
+    rname = ctx.first("reward")
+    if rname is not None and not good_fit:
+        rv = ctx.values_between(rname, start, end)
+        lo_r, hi_r = ctx.range(rname)
+        if rv.size >= 6:
+            sign = 1.0 if ctx.higher_is_better(rname) else -1.0
+            k = max(2, rv.size // 6)
+            gain = sign * (float(np.median(rv[-k:])) - float(np.median(rv[:k])))
+            scale = (hi_r - lo_r) if lo_r is not None and hi_r is not None and hi_r > lo_r else \
+                max(float(np.max(rv) - np.min(rv)), 1e-12)
+            ev["reward_gain"] = gain
+            # Only when the critic demonstrably fits what it can (explained variance known and
+            # fair): a flat loss with a critic that explains nothing is a critic problem.
+            fair = ev.get("explained_variance", -1.0) >= st.vl_chasing_explained_variance
+            chasing = fair and rank_corr(sign * rv) >= st.vl_chasing_corr and gain >= st.vl_chasing_gain * scale
+    return [ctx.finding(
+        "value_loss_flat", name, start, end, "info" if good_fit or chasing else "warning",
+        f"value loss not decreasing: {early:.4g} early, {late:.4g} now"
+        + (" (but explained variance is high: the critic fits)" if good_fit else "")
+        + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else ""),
+        evidence=ev,
+        causes=["the critic is not learning (value learning rate / vf_coef too small)",
+                "returns are non-stationary or badly scaled (no reward normalisation)",
+                "the learning rate is too small overall"],
+        check=["explained variance", "return scale and reward normalisation", "vf_coef and value clipping"],
+        action="check the critic: scale/normalise returns, raise vf_coef or the value learning rate",
+        detected_at=sr.step(min(n - 1, a + L - 1)), related=["explained_variance"])]
+
+
+# ---------------------------------------------------------------------------------------
+# Policy loss growing without convergence
+# ---------------------------------------------------------------------------------------
+def detect_policy_loss_growing(ctx: Context) -> list[Finding]:
+    name = ctx.first("policy_loss")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    M = ctx.persist(n)
+    W = max(2 * M, int(round(st.pl_window_frac * n)))
+    if n < max(W, 8):
+        return []
+    s = rolling_median(sr.y, max(3, ctx.window(name, sr)), "centered")
+    a_s = np.abs(s)
+    e = ctx.early(n)
+    e0 = float(np.median(np.abs(sr.y[:e])) + mad_sigma(sr.y[:e]))
+    if e0 <= TINY:
+        return []
+    q = max(1, W // 4)
+    fire = []
+    for end in window_ends(n, W, 40):
+        s0 = end - W + 1
+        lvl = float(np.median(a_s[end - q + 1:end + 1]))
+        if lvl < st.pl_growth_factor * e0:
+            continue
+        if float(np.median(a_s[s0:s0 + q])) * (1 + st.pl_window_growth) > lvl:
+            continue
+        if rank_corr(a_s[s0:end + 1]) >= st.pl_min_corr:
+            fire.append((int(s0), int(end), lvl))
+    if not fire:
+        return []
+    a = fire[0][0]
+    b = fire[-1][1]
+    still = fire[-1][1] == n - 1
+    lvl = max(f[2] for f in fire)
+    return [ctx.finding(
+        "policy_loss_growing", name, sr.step(a), sr.step_end(b), "warning" if still else "info",
+        f"policy loss growing without converging: |loss| {e0:.3g} early -> {lvl:.3g}"
+        + ("" if still else " (it has since stabilised)"),
+        evidence={"early_scale": e0, "level": lvl, "growth": lvl / e0},
+        causes=["the policy is moving away from the data it is trained on (off-policy drift)",
+                "advantages growing in scale (no normalisation)", "learning rate too high"],
+        check=["KL and clip fraction over the same span", "advantage std", "learning-rate schedule"],
+        action="lower the learning rate; normalise advantages; check that rollouts are fresh",
+        detected_at=sr.step_end(fire[0][1]), related=["kl_old_mean", "advantage_std"])]

@@ -1,0 +1,344 @@
+"""Objective-layer detectors: the reward becoming zero or constant, dropping, staying flat; the advantage drifting."""
+from __future__ import annotations
+
+import numpy as np
+
+from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.signal import (
+    merge_close,
+    noise_sigma,
+    rank_corr,
+    rolling_median,
+    runs,
+    shift,
+)
+from registry.analysis.diagnosis.types import Finding
+from registry.analysis.diagnosis.detectors.common import TINY, top
+
+
+# ---------------------------------------------------------------------------------------
+# Reward: becomes zero or constant; sudden drop; flat (stagnant)
+# ---------------------------------------------------------------------------------------
+def detect_reward_zero(ctx: Context) -> list[Finding]:
+    out = []
+    for name in ctx.role("reward_family"):
+        opened = ctx.opening(name)
+        if opened is None:
+            continue
+        sr, n, M = opened
+        y = sr.y
+        scale = float(np.quantile(np.abs(y), 0.9))
+        if scale <= 0:
+            continue
+        tol = ctx.s.zero_rel_tol * scale
+        found: list[Finding] = []
+        zero = np.abs(y) <= tol
+        for a, b in runs(zero, M):
+            if a == 0:
+                continue
+            pre = y[max(0, a - M):a]
+            if np.median(np.abs(pre)) <= tol:
+                continue
+            to_end = b == n - 1
+            found.append(ctx.finding(
+                "reward_zero", name, sr.step(a), sr.step_end(b), "critical" if to_end else "warning",
+                f"reward dropped to zero from {float(np.median(pre)):.4g} and "
+                + ("stays there" if to_end else f"stayed there for {b - a + 1} points"),
+                evidence={"level_before": float(np.median(pre)), "level_after": float(np.median(y[a:b + 1])),
+                          "points": (b - a + 1) * sr.bin_size, "persists_to_end": float(to_end)},
+                causes=(["the reward function crashed or returns a default of 0",
+                         "the environment or its reward wrapper changed (episodes end at once)"]
+                        if ctx.run_kind == "control" else
+                        ["the reward function crashed or returns a default of 0",
+                         "the data pipeline feeds empty/truncated responses or wrong labels",
+                         "a reward-model server stopped answering"]),
+                check=["raw reward-function outputs for a batch at this step",
+                       "reward components (accuracy/format) and response samples",
+                       "logs of the reward service / dataset loader around this step"],
+                action="fix the reward function or data pipeline before training further",
+                detected_at=sr.step(min(a + M - 1, n - 1)),
+                related=["reward_std", "advantage_std"]))
+        const = np.concatenate([[False], np.abs(np.diff(y)) <= ctx.s.constant_rel_tol * scale])
+        worst = float(np.min(y)) if ctx.higher_is_better(name) else float(np.max(y))
+        for a, b in runs(const, M):
+            a0 = a - 1                               # first point of the constant stretch
+            level = float(y[a])
+            if a0 == 0 or abs(level) <= tol or ctx.reward_saturated(name, level):
+                continue
+            pre = y[max(0, a0 - M):a0]
+            to_end = b == n - 1
+            if ctx.run_kind == "control":
+                found.append(_episode_stats_constant(ctx, name, sr, a0, b, level, pre, worst, to_end))
+                continue
+            found.append(ctx.finding(
+                "reward_zero", name, sr.step(a0), sr.step_end(b), "critical" if to_end else "warning",
+                f"reward became exactly constant at {level:.4g} (below its ceiling) for {b - a0 + 1} points",
+                evidence={"level_before": float(np.median(pre)), "constant_level": level,
+                          "points": (b - a0 + 1) * sr.bin_size, "persists_to_end": float(to_end)},
+                causes=["the reward function returns a fixed default (exception swallowed, format penalty only)",
+                        "the same batch is replayed (data loader stuck)",
+                        "metric logging is stale (the value is not recomputed)"],
+                check=["raw reward-function outputs and a few responses at this step",
+                       "whether prompts/batches change between steps",
+                       "reward components (accuracy/format)"],
+                action="fix the reward function or data pipeline before training further",
+                detected_at=sr.step(min(a0 + M - 1, n - 1))))
+        out.extend(top(found, ctx, "points"))
+    return out
+
+
+def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level: float, pre: np.ndarray,
+                            worst: float, to_end: bool) -> Finding:
+    """An episode return that repeats exactly over a stretch of a control run.
+
+    Episode statistics repeat legitimately: SB3 logs ``rollout/ep_rew_mean`` as
+    ``safe_mean([ep_info["r"] for ep_info in self.ep_info_buffer])``, a deque of the last
+    ``stats_window_size`` (100) finished episodes extended only when an episode ends
+    (stable-baselines3 2.9.2, common/on_policy_algorithm.py ``_dump_logs``, common/base_class.py
+    ``_setup_learn`` / ``_update_info_buffer``), so the value repeats whenever no new episode
+    changed the window; a per-episode log repeats when episodes end alike. The return is the
+    environment's own, so "a reward function returning a default" does not apply. A repeat at
+    the run's worst level after it had been better is a policy stuck failing every episode the
+    same way, and a repeat that lasts to the end of the run has stopped moving for good: both
+    are problems. A repeat in between, after which the return moves again, says only that the
+    statistic was not re-measured for a while (information).
+    """
+    n = sr.n
+    span = max(float(np.ptp(sr.y)), TINY)
+    at_worst = abs(level - worst) <= 0.02 * span and float(np.median(pre)) != level
+    points = (b - a0 + 1) * sr.bin_size
+    ev = {"level_before": float(np.median(pre)), "constant_level": level, "points": points,
+          "persists_to_end": float(to_end), "run_worst": worst}
+    lname = "episode_length_mean" if name != "episode_length_mean" else None
+    if lname is not None and ctx.series(lname) is not None:
+        lv = ctx.values_between(lname, sr.step(a0), sr.step_end(b))
+        if lv.size:
+            ev["episode_length_min"], ev["episode_length_max"] = float(lv.min()), float(lv.max())
+    if not at_worst and not to_end:
+        return ctx.finding(
+            "reward_zero", name, sr.step(a0), sr.step_end(b), "info",
+            f"episode return repeated exactly at {level:.4g} for {b - a0 + 1} points: the mean over the last "
+            f"finished episodes did not change (no new episode entered the window, or the new ones ended alike)",
+            evidence=ev, check=["episode length over the same steps"],
+            action="nothing to fix: the statistic was not re-measured, not the reward",
+            detected_at=sr.step(min(a0 + ctx.persist(n) - 1, n - 1)))
+    where = "the run's worst level" if at_worst else "to the end of the run"
+    return ctx.finding(
+        "reward_zero", name, sr.step(a0), sr.step_end(b), "critical" if to_end else "warning",
+        f"episode return stuck exactly at {level:.4g} ({where}) for {b - a0 + 1} points after "
+        f"{float(np.median(pre)):.4g}: every episode in the window ends the same way, or none ends",
+        evidence=ev,
+        causes=["the policy collapsed to one behaviour that ends every episode alike (entropy near 0)",
+                "episodes all run into the time limit without reaching the goal",
+                "the environment or its reward wrapper changed (every episode scored alike)"],
+        check=["entropy and KL just before the stretch", "episode length (at the time limit?)"],
+        action="resume from a checkpoint before the collapse with the cause below fixed",
+        detected_at=sr.step(min(a0 + ctx.persist(n) - 1, n - 1)), related=["entropy", "episode_length_mean"])
+
+
+def detect_reward_drop(ctx: Context) -> list[Finding]:
+    name = ctx.first("reward")
+    if name is None:
+        return []
+    opened = ctx.opening(name)
+    if opened is None:
+        return []
+    sr, n, M = opened
+    hib = ctx.higher_is_better(name)
+    sign = 1.0 if hib else -1.0
+    y = sign * sr.y
+    low, high = ctx.range(name)
+    floor = (low if hib else (None if high is None else -high))
+    B = max(3, ctx.window(name, sr))
+    before = shift(rolling_median(y, B, "trailing"), 1)
+    after = rolling_median(y, M, "leading")
+    if floor is not None:
+        den = np.where(before > floor, before - floor, np.abs(before))
+    else:
+        den = np.abs(before)
+    # Noise: the run's own point-to-point noise, or the local noise just before the point
+    # (just after the drop window for the first points), whichever is larger.
+    noise = np.full(n, noise_sigma(y))
+    if n >= 6:
+        dd = np.abs(np.diff(y)) * 1.4826 / np.sqrt(2.0)
+        K = max(3 * M, 2 * B)
+        rm, lm = rolling_median(dd, K, "trailing"), rolling_median(dd, K, "leading")
+        idx = np.arange(n)
+        local = np.where(idx >= 2, rm[np.clip(idx - 2, 0, n - 2)], lm[np.clip(idx + M, 0, n - 2)])
+        noise = np.maximum(noise, local)
+    drop = before - after
+    idx = np.arange(n)
+    cond = (drop >= ctx.s.drop_frac * den) & (drop >= ctx.s.drop_noise_k * noise) & (den > TINY) \
+        & (idx <= n - M) & (drop > 0)
+    found = []
+    for a, b in merge_close(runs(cond), M):
+        lo_k, hi_k = max(a, 1), min(n - 1, a + M)
+        if hi_k >= lo_k:
+            c = lo_k + int(np.argmax(y[lo_k - 1:hi_k] - y[lo_k:hi_k + 1]))
+        else:
+            c = a
+        lvl_before, lvl_after = float(before[a]), float(after[a])
+        thr = lvl_before - 0.5 * (lvl_before - lvl_after)
+        low_mask = y[c:] < thr
+        seg = runs(low_mask)
+        end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
+        lost = (lvl_before - lvl_after) / max(float(den[a]), TINY)
+        sev = "critical" if lost >= 0.8 or end == n - 1 and lost >= 0.5 else "warning"
+        found.append(ctx.finding(
+            "reward_drop", name, sr.step(c), sr.step_end(end), sev,
+            f"reward fell suddenly from {sign * lvl_before:.4g} to {sign * lvl_after:.4g} "
+            f"({100 * lost:.0f}% of its level above the floor) and stayed down",
+            evidence={"level_before": sign * lvl_before, "level_after": sign * lvl_after,
+                      "fraction_lost": lost, "noise_sigma": float(noise[a]),
+                      "floor": floor if floor is not None else float("nan")},
+            causes=["a destructive policy update (learning rate too high, KL blow-up)",
+                    "policy collapse (entropy fell to zero)",
+                    "a change in the reward function or data distribution"],
+            check=["KL and clip fraction just before the drop", "entropy around the drop",
+                   "reward components and sample outputs after the drop"],
+            action="resume from a checkpoint before the drop with a lower learning rate or a stronger KL penalty",
+            detected_at=sr.step(min(c + M - 1, n - 1)), related=["kl_old_mean", "entropy"]))
+    return top(found, ctx, "fraction_lost")
+
+
+def detect_reward_flat(ctx: Context) -> list[Finding]:
+    name = ctx.first("reward")
+    if name is None or ctx.overlapping("reward_drop", -2**62, 2**62) or ctx.overlapping("reward_zero", -2**62, 2**62):
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    if n < 6:
+        return []
+    hib = ctx.higher_is_better(name)
+    sign = 1.0 if hib else -1.0
+    y = sign * sr.y
+    low, high = ctx.range(name)
+    if not hib:
+        low, high = (None if high is None else -high), (None if low is None else -low)
+    st = ctx.s
+
+    def judge(p: int) -> tuple[bool, float, float, float, float]:
+        e = ctx.early(p)
+        early, late = float(np.median(y[:e])), float(np.median(y[p - e:p]))
+        if low is not None and high is not None and high > low:
+            width = high - low
+            imp, level = (late - early) / width, (late - low) / width
+            return imp < st.flat_min_improvement and level < st.flat_max_level, early, late, imp, level
+        rel = (late - early) / max(abs(early), abs(late), TINY)
+        return rel < st.flat_min_rel_improvement, early, late, rel, float("nan")
+
+    flat, early, late, imp, level = judge(n)
+    if not flat:
+        return _reward_plateau(ctx, name, sr, y, sign, low, high)
+    grid = np.unique(np.linspace(max(6, min(n, st.flat_min_points)), n, num=20).round().astype(int))
+    ok = np.array([judge(int(p))[0] for p in grid])
+    bad = np.flatnonzero(~ok)
+    p_first = int(grid[bad[-1] + 1]) if bad.size else int(grid[0])
+    sev = "warning" if n >= st.flat_min_points else "info"
+    ranged = not np.isnan(level)
+    title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
+             + (f" ({100 * imp:.1f}% of the task range, at {100 * level:.0f}% of it)" if ranged
+                else f" ({100 * imp:.1f}% relative)"))
+    return [ctx.finding(
+        "reward_flat", name, sr.step(0), sr.step_end(n - 1), sev, title,
+        evidence={"early_level": sign * early, "late_level": sign * late, "improvement": imp,
+                  "level_in_range": level, "range_low": low if low is not None else float("nan"),
+                  "range_high": high if high is not None else float("nan")},
+        causes=["the learning rate or update size is too small (see clip fraction / KL)",
+                "the reward is too sparse for the exploration the policy does",
+                "the algorithm's defaults do not suit the task (e.g. PPO defaults on Pendulum)",
+                "entropy is collapsing before the task is learned"],
+        check=["advantage std and reward std (is there a learning signal?)",
+               "entropy trend", "clip fraction and KL (is the policy moving at all?)",
+               "runs of the same task that succeeded (baseline)"],
+        action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
+               "entropy bonus) or shape the reward; compare with a solved configuration",
+        detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
+
+
+def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low: float | None,
+                    high: float | None) -> list[Finding]:
+    """A reward that learned, then stopped improving well below its task range's top.
+
+    Judged only for control tasks with a task range: over the last ``plateau_frac`` of the
+    run the smoothed reward gains less than ``flat_min_improvement`` of the range while it
+    sits below ``flat_max_level`` of it. Without a range a plateau cannot be told from
+    convergence; for language-model tasks the range's top (every answer right) is rarely
+    reached, so a plateau below it is usually convergence too.
+    """
+    st = ctx.s
+    n = sr.n
+    info = ctx.metrics.get(name)
+    if info is None or info.healthy_low is None or info.healthy_high is None:
+        return []                        # only the dictionary's task range says where the top is
+    if ctx.run_kind != "control" or low is None or high is None or high <= low or n < st.flat_min_points:
+        return []
+    width = high - low
+    tail = max(st.persist_min_points * 2, int(round(st.plateau_frac * n)))
+    if tail >= n:
+        return []
+    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    seg = s[n - tail:]
+    gain = (float(np.max(seg[-max(1, tail // 4):])) - float(seg[0])) / width
+    level = (float(np.median(y[n - max(1, tail // 4):])) - low) / width
+    if gain >= st.flat_min_improvement or level >= st.flat_max_level:
+        return []
+    if rank_corr(seg) >= st.plateau_max_corr:
+        return []                            # still rising steadily, only slowly: not a plateau yet
+    start = sr.step(n - tail)
+    return [ctx.finding(
+        "reward_flat", name, start, sr.step_end(n - 1), "warning",
+        f"reward stopped improving at {sign * float(np.median(y[-max(1, tail // 4):])):.4g} ({100 * level:.0f}% of "
+        f"the task range) over the last {tail * sr.bin_size} points ({100 * gain:.1f}% of the range gained)",
+        evidence={"plateau_level": sign * float(np.median(y[-max(1, tail // 4):])), "level_in_range": level,
+                  "improvement": gain, "plateau_points": tail * sr.bin_size,
+                  "range_low": low, "range_high": high},
+        causes=["exploration that stays too high (an entropy bonus that keeps the policy random)",
+                "the learning rate or update size became too small for further progress",
+                "the algorithm's defaults do not suit the task"],
+        check=["entropy over the plateau (still near its start?)", "clip fraction and KL",
+               "runs of the same task that succeeded (baseline)"],
+        action="compare the settings with a configuration that solved this task",
+        detected_at=sr.step_end(n - 1), layer=ctx.layer(name))]
+
+
+def detect_advantage_drift(ctx: Context) -> list[Finding]:
+    name = ctx.first("advantage_mean")
+    if name is None:
+        return []
+    sr = ctx.series(name)
+    n = sr.n
+    st = ctx.s
+    M = ctx.persist(n)
+    if n < M + 3:
+        return []
+    info = ctx.metrics.get(name)
+    std_name = ctx.first("advantage_std")
+    if info is not None and info.healthy_low is not None and info.healthy_high is not None:
+        lo, hi = info.healthy_low, info.healthy_high
+    elif std_name is not None:
+        lvl = float(np.median(ctx.series(std_name).y))
+        lo, hi = -st.drift_frac * lvl, st.drift_frac * lvl
+        if hi <= TINY:
+            lo, hi = ctx.range(name)
+    else:
+        lo, hi = ctx.range(name)
+    if lo is None or hi is None:
+        return []
+    s = rolling_median(sr.y, max(3, ctx.window(name, sr)), "centered")
+    out = []
+    width = max(hi - lo, TINY)
+    for a, b in runs((s > hi) | (s < lo), M)[: st.max_findings_per_metric]:
+        peak = float(s[a:b + 1][np.argmax(np.abs(s[a:b + 1]))])
+        sev = "critical" if peak > hi + 2 * width or peak < lo - 2 * width else "warning"
+        out.append(ctx.finding(
+            "advantage_drift", name, sr.step(a), sr.step_end(b), sev,
+            f"advantage mean drifted from 0 to {peak:.3g} (allowed {lo:.3g}..{hi:.3g})",
+            evidence={"peak": peak, "allowed_low": lo, "allowed_high": hi, "points": (b - a + 1) * sr.bin_size},
+            causes=["a biased baseline/critic (value function lagging the returns)",
+                    "advantage normalisation disabled or computed on the wrong axis",
+                    "reward scale changing quickly"],
+            check=["advantage std and the value loss", "advantage normalisation settings", "reward scale"],
+            action="check advantage normalisation and the critic/baseline",
+            detected_at=sr.step(min(n - 1, a + M - 1)), related=["advantage_std", "value_loss"]))
+    return out

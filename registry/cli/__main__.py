@@ -1,0 +1,4 @@
+"""``python -m registry.cli``: the ``rlreg`` command."""
+from registry.cli.main import main
+
+main()
