@@ -4,7 +4,15 @@ from __future__ import annotations
 from sqlalchemy import inspect
 
 from registry import open_registry
-from registry.db.migrate import current_revision, downgrade, head_revision, upgrade
+from registry.db.migrate import HEAD_REVISION, current_revision, downgrade, head_revision, upgrade
+
+
+def test_the_head_revision_opening_checks_against_is_the_scripts_head(tmp_path):
+    """Opening a registry compares the stored revision with HEAD_REVISION instead of loading Alembic:
+    it must name the newest script, or an old schema would be taken as current."""
+    from registry.db.engine import make_engine
+
+    assert HEAD_REVISION == head_revision(make_engine(f"sqlite:///{tmp_path / 'h.db'}"))
 
 
 def test_upgrade_downgrade_walk_with_data(db_url: str):

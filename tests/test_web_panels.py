@@ -25,6 +25,7 @@ from registry.analysis import health
 from registry.cli.main import cli
 from registry.analysis.health import current_findings, diagnose_run, findings_for_runs
 from registry.db.models import RunFindings
+from registry.web import panels, plots
 from registry.web.app import create_app
 
 SB3_NAMES = ("cartpole_healthy_s0", "cartpole_lr_too_high_5e-2", "cartpole_tiny_lr_1e-6", "pendulum_default_s0")
@@ -573,7 +574,8 @@ def test_a_failing_diagnosis_never_takes_the_dashboard_or_its_plots_down(fresh, 
     def broken(*args, **kwargs):
         raise RuntimeError("detector bug")
 
-    monkeypatch.setattr(health, "current_findings", broken)
+    for module in (panels, plots):  # the dashboard's two readers of the diagnosis
+        monkeypatch.setattr(module, "current_findings", broken)
     c = make_app(reg).test_client()
     page = c.get(f"/runs/{run}")
     assert page.status_code == 200

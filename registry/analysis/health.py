@@ -14,6 +14,7 @@ Every path goes through :func:`diagnose_run`, so ``rlreg diagnose`` and the stor
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import DBAPIError
 
-from registry.db.engine import READ_ONLY_OPTION
+from registry.db.dialect import quick_lock_wait
 from registry.analysis.diagnosis import (
     BaselineProfile,
     Diagnosis,
@@ -32,11 +33,15 @@ from registry.analysis.diagnosis import (
     metric_infos_from_definitions,
 )
 from registry.core.errors import NotFoundError
-from registry.db.models import HealthBaseline, MetricDefinition, RunFindings, utcnow
+from registry.db.models import HealthBaseline, RunFindings, utcnow
 from registry.store.facade import Registry
 
 from registry.analysis.baselines import get_baseline
 from registry.analysis.inputs import diagnosis_definitions, run_curves
+from registry.db.models import Series
+from registry.analysis.diagnosis.ranges import FALLBACK_SOURCE, resolve_range
+from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
+from registry.dictionary.definitions import dictionary_stamp, healthy_range_for
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +83,6 @@ class Stamp:
     def matches(self, row: Any) -> bool:
         return (row.data_version == self.data_version and row.dictionary_stamp == self.dictionary
                 and row.baseline_stamp == self.baseline and row.engine_version == self.engine)
-
-
-def dictionary_stamp(session: Any) -> str:
-    """Changes with every definition edit (a new version), addition or removal."""
-    D = MetricDefinition
-    n, total, top = session.execute(
-        select(func.count(D.id), func.coalesce(func.sum(D.version), 0), func.coalesce(func.max(D.id), 0))).one()
-    return f"{n}.{total}.{top}"
 
 
 def _iso(value: datetime | None) -> str:
@@ -216,30 +213,17 @@ def store_findings(registry: Registry, records: Sequence[StoredFindings], *, qui
     if not records:
         return True
     table = RunFindings.__table__
-    engine = registry.engine
-    sqlite = engine.dialect.name == "sqlite"
     ids = [r.run_id for r in records]
     try:
-        with engine.connect() as conn:
-            if quick and sqlite:
-                # Deferred BEGIN and a short busy timeout: wait a moment for a writer, never a minute.
-                conn.execution_options(**{READ_ONLY_OPTION: True})
-                conn.exec_driver_sql(f"PRAGMA busy_timeout={QUICK_LOCK_MS}")
-            elif quick:
-                conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{QUICK_LOCK_MS}ms'")
-            try:
-                have = dict(conn.execute(select(table.c.run_id, table.c.data_version)
-                                         .where(table.c.run_id.in_(ids))).all())
-                keep = [r for r in records if have.get(r.run_id, -1) <= r.stamp.data_version]
-                if keep:
-                    conn.execute(delete(table).where(table.c.run_id.in_([r.run_id for r in keep])))
-                    conn.execute(insert(table), [r.row() for r in keep])
-                conn.commit()
-            finally:
-                if quick and sqlite:
-                    conn.rollback()
-                    conn.exec_driver_sql("PRAGMA busy_timeout=60000")
-                    conn.rollback()
+        with registry.engine.connect() as conn, \
+                (quick_lock_wait(conn, QUICK_LOCK_MS) if quick else contextlib.nullcontext()):
+            have = dict(conn.execute(select(table.c.run_id, table.c.data_version)
+                                     .where(table.c.run_id.in_(ids))).all())
+            keep = [r for r in records if have.get(r.run_id, -1) <= r.stamp.data_version]
+            if keep:
+                conn.execute(delete(table).where(table.c.run_id.in_([r.run_id for r in keep])))
+                conn.execute(insert(table), [r.row() for r in keep])
+            conn.commit()
     except DBAPIError as exc:  # locked, a run deleted meanwhile, a concurrent writer of the same row
         log.info("findings of %d run(s) not stored: %s", len(records), exc.__class__.__name__)
         return False
@@ -385,8 +369,6 @@ def estimated_seconds(points: int) -> float:
 
 
 def _mapped_points(registry: Registry, run_ids: Sequence[str]) -> dict[str, int]:
-    from registry.db.models import Series
-
     with registry.read() as session:
         rows = session.execute(select(Series.run_id, func.sum(Series.count)).where(
             Series.run_id.in_(list(run_ids)), Series.definition_id.is_not(None)).group_by(Series.run_id))
@@ -401,10 +383,6 @@ def definition_ranges(registry: Registry, definition: Mapping[str, Any]) -> list
     gives that task none), and the diagnosis' default (applies where nothing else does). The
     same lookup (:func:`registry.analysis.diagnosis.ranges.resolve_range`) decides per run.
     """
-    from registry.analysis.diagnosis.ranges import FALLBACK_SOURCE, resolve_range
-    from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
-    from registry.dictionary.definitions import healthy_range_for
-
     name = str(definition["name"])
     general = definition.get("healthy_range") or {}
     task_ranges = definition.get("task_ranges") or {}

@@ -1,15 +1,16 @@
 """Engine and session creation for SQLite (embedded default) and PostgreSQL (team server)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
 from config import database_url
 from registry.db.dialect import READ_ONLY_OPTION, configure_sqlite
-
 
 
 def default_database_url() -> str:
@@ -24,6 +25,14 @@ def normalize_url(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
+
+
+def redact_url(url: str) -> str:
+    """A database URL as it may be shown and stored: without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def make_engine(url: str) -> Engine:

@@ -412,6 +412,15 @@ def definition_as_of(session: Session, definition_id: int, version: int) -> dict
     return dict(row.snapshot) if row else None
 
 
+def dictionary_stamp(session: Session) -> str:
+    """Changes with every definition edit (each bumps a version), addition or removal: one aggregate
+    query, so callers can keep what they derived from the dictionary until it changes."""
+    D = MetricDefinition
+    n, total, top = session.execute(
+        select(func.count(D.id), func.coalesce(func.sum(D.version), 0), func.coalesce(func.max(D.id), 0))).one()
+    return f"{n}.{total}.{top}"
+
+
 def list_definitions(session: Session, layer: str | None = None) -> list[MetricDefinition]:
     query = select(MetricDefinition).options(selectinload(MetricDefinition.aliases)).order_by(
         MetricDefinition.layer, MetricDefinition.name
@@ -470,7 +479,6 @@ def healthy_range_for(defn: Mapping[str, Any], task: str | None) -> tuple[float 
 
 __all__ = [
     "DOCUMENT_FORMAT", "ENUMS", "FRAMEWORKS", "ImportReport", "definition_as_of", "definition_to_dict",
-    "dump_document", "ensure_default_dictionary", "export_document", "get_definition", "healthy_range_for",
-    "task_range_for",
-    "import_definitions", "list_definitions", "parse_document", "read_document", "update_definition",
+    "dictionary_stamp", "dump_document", "ensure_default_dictionary", "export_document", "get_definition",
+    "healthy_range_for", "task_range_for", "import_definitions", "list_definitions", "parse_document", "read_document", "update_definition",
 ]

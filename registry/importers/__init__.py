@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from registry.core.errors import InputError, UnknownFormatError
+from registry.db.engine import redact_url
 from registry.importers import tabular, tensorboard, trainer_state, verl_file, verl_log
 from registry.importers.base import Point, Source
 from registry.importers.detect import detect_format
@@ -68,17 +69,6 @@ def resolve_format(path: Path | str, format: str | None = None) -> str:
     if format not in FORMATS:
         raise UnknownFormatError(f"unknown format {format!r}; known formats: {', '.join(FORMATS)}", str(path))
     return format
-
-
-def redact_url(url: str) -> str:
-    """A database URL as it may be shown and stored: without its password."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def open_source(path: Path | str, format: str | None = None) -> Source:

@@ -24,10 +24,14 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 from registry.core.errors import InputError
 from registry.importers.tracker_base import HistoryRun, check_sqlite, series_from_columns, sqlite_tables
 from registry.importers.params import parse_value
 from registry.core.series import SeriesData
+from registry.db.engine import normalize_url, redact_url
 
 FORMAT = "mlflow"
 _TABLES = {"experiments", "runs", "metrics", "params"}
@@ -55,12 +59,6 @@ def open_runs(path: Path | str) -> Iterator[HistoryRun]:
     """
     text = str(path)
     if isinstance(path, str) and "://" in text:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        from registry.db.engine import normalize_url
-        from registry.importers import redact_url
-
         shown = redact_url(text)
         try:
             url = make_url(normalize_url(text))

@@ -50,6 +50,12 @@ from registry.store.writes import append_points, bind_key
 from registry.store.reader import CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_to_dict
 from registry.store.run_binding import binding_context, declared_binding_info, record_binding_warnings, resolve_framework
 from registry.store.run_handle import RunHandle
+from registry.store.run_history import delete_run, editable_state, record_change, record_event
+from registry.importers import fingerprint, open_source, run_paths
+from registry.store.tracker_runs import register_store, register_store_run, store_format
+from registry.importers.params import merge_params
+from registry.store.filters import compile_filter, hyperparameter_fields, sort_keys, suggest_params
+from registry.dictionary.definitions import definition_to_dict, dictionary_stamp, list_definitions
 
 # Points per stored chunk: a 100k-point curve is two rows; streamed appends are compacted
 # back into chunks of this size once a series has collected many small ones.
@@ -232,8 +238,6 @@ class Registry:
 
     def delete_run(self, ref: str, author: str | None = None) -> str:
         """Delete a run; its history keeps a record of the deletion (``run_history``)."""
-        from registry.store.run_history import delete_run
-
         return delete_run(self, ref, author)[0]
 
     # --- series writes ----------------------------------------------------------
@@ -241,14 +245,10 @@ class Registry:
     def _alias_index(self, session: Session) -> AliasIndex:
         """The dictionary's alias index, rebuilt only when a definition was added, removed or edited.
 
-        Every edit bumps a definition's version and its update time, so the stamp (count, highest id,
-        sum of versions, latest update) changes with it; the check is one aggregate query instead of
-        loading every definition and alias for each streamed batch.
+        The check is one aggregate query (``dictionary_stamp``) instead of loading every definition and
+        alias for each streamed batch.
         """
-        stamp = tuple(session.execute(
-            select(func.count(MetricDefinition.id), func.max(MetricDefinition.id),
-                   func.coalesce(func.sum(MetricDefinition.version), 0), func.max(MetricDefinition.updated_at))
-        ).one())
+        stamp = dictionary_stamp(session)
         cached = getattr(self, "_cached_index", None)
         if cached is None or cached[0] != stamp:
             cached = (stamp, AliasIndex.load(session))
@@ -330,9 +330,6 @@ class Registry:
         or the one run of a tracker's store (MLflow database, file or URL, or ``mlruns/``; trackio database;
         W&B run directory or history export: ``registry.store.tracker_runs``; a store of several runs is
         registered with ``register_all``)."""
-        from registry.importers import fingerprint, open_source
-        from registry.store.tracker_runs import register_store_run, store_format
-
         store = store_format(path, format)
         if store is not None:
             return register_store_run(self, path, store, name=name, replace=replace, progress=progress,
@@ -363,7 +360,6 @@ class Registry:
         data, summary = split_run_summary(builder.build())
         if not data:
             raise InputError("no metric points found", str(path))
-        from registry.importers.params import merge_params
 
         merged_params = merge_params(source.params, dict(params or {}))
         warnings = list(getattr(source, "warnings", []) or []) + builder.warnings
@@ -426,9 +422,6 @@ class Registry:
         present are skipped (listed in the result's ``skipped``), and a run that fails leaves the
         others registered (``registry.store.tracker_runs.PartialImportError`` says which).
         """
-        from registry.importers import run_paths
-        from registry.store.tracker_runs import register_store, store_format
-
         store = store_format(path, format)
         if store is not None:
             return register_store(self, path, store, name=name, **options)
@@ -559,8 +552,6 @@ class Registry:
     def set_outcome(self, run_ref: str, *, author: str | None = None, **outcome: Any) -> None:
         """Record final scores, verdict, notes and checkpoints (each part optional); the run's history
         records what changed and ``author``."""
-        from registry.store.run_history import editable_state, record_change
-
         with self.transaction() as session:
             run = self.resolve_run(session, run_ref)
             before = editable_state(session, run)
@@ -570,7 +561,6 @@ class Registry:
     def set_status(self, run_ref: str, status: str, author: str | None = None) -> None:
         if status not in RUN_STATUSES:
             raise InputError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
-        from registry.store.run_history import record_event
 
         with self.transaction() as session:
             run = self.resolve_run(session, run_ref)
@@ -665,8 +655,6 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Runs matching the filters (``where`` in the filter language), and the total match count."""
-        from registry.store.filters import compile_filter, hyperparameter_fields, sort_keys
-
         query = select(Run)
         conditions = []
         if where:
@@ -697,7 +685,6 @@ class Registry:
         the keys it may have meant, instead of answering with an empty list."""
         if not keys:
             return
-        from registry.store.filters import suggest_params
 
         with self.read() as session:
             present = set(session.scalars(select(RunParam.key).where(RunParam.key.in_(list(keys))).distinct()))
@@ -713,7 +700,5 @@ class Registry:
                          + (f"; did you mean {', '.join(hint)}?" if hint else ""))
 
     def definitions_by_name(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        from registry.dictionary.definitions import definition_to_dict, list_definitions
-
         with self.read() as session:
             return {d.name: definition_to_dict(d) for d in list_definitions(session) if not names or d.name in names}

@@ -19,6 +19,9 @@ from registry.web import queries
 from registry.web.curves import int_arg
 from registry.core.downsample import MAX_POINTS
 from registry.web.iplot import step_arg
+from registry.analysis.health import current_findings
+from registry.analysis.similarity import find_similar_for_run
+from registry.analysis.baselines import baseline_history, list_baselines, require_baseline
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -121,8 +124,6 @@ def definition(name: str) -> Response:
 @bp.get("/runs/<ref>/diagnosis")
 def run_diagnosis(ref: str) -> Response:
     """The run's diagnosis on its data as it is now (the stored one when current, else computed)."""
-    from registry.analysis.health import current_findings
-
     reg = get_registry()
     with reg.read() as session:
         run = reg.resolve_run(session, ref)
@@ -167,8 +168,6 @@ def _portion_arg(name: str) -> float | int | None:
 @bp.get("/runs/<ref>/similar")
 def run_similar(ref: str) -> Response:
     """The k historical runs whose curves look most like this run's, and how they ended."""
-    from registry.analysis.similarity import find_similar_for_run
-
     window = None
     raw_window = (request.args.get("window") or "").strip()
     if raw_window:
@@ -202,16 +201,12 @@ def _portion_arg_text(raw: str) -> float | int:
 @bp.get("/baselines")
 def baselines() -> Response:
     """Every task that has runs or a baseline, with who built the baseline and when."""
-    from registry.analysis.baselines import list_baselines
-
     return jsonify({"baselines": clean(list_baselines(get_registry()))})
 
 
 @bp.get("/baselines/<path:task>")
 def baseline(task: str) -> Response:
     """A task's health baseline: per metric the early and mid bands and the warning signal."""
-    from registry.analysis.baselines import baseline_history, require_baseline
-
     reg = get_registry()
     profile, meta = require_baseline(reg, task)
     return jsonify(clean({**profile.to_dict(), **meta, "history": baseline_history(reg, task)}))

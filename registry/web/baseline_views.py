@@ -9,6 +9,7 @@ from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask_wtf import FlaskForm
+from sqlalchemy import select
 from wtforms import BooleanField, FloatField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import Length, Optional, ValidationError
 
@@ -16,23 +17,20 @@ from registry.core.errors import InputError, NotFoundError
 from registry.core.semantics import LAYERS
 from registry.web.context import get_registry
 from registry.web import queries
-from registry.web.security import admin_access_required
+from registry.web.security import admin_access_required, current_user
 from registry.web.forms import choice
+from registry.analysis.baselines import (baseline_history, build_task_baseline, edit_baseline_metric, edited_metrics,
+                                         healthy_runs, list_baselines, require_baseline)
+from registry.store.filters import quote_string
+from registry.db.models import Run
 
 bp = Blueprint("baselines", __name__)
 
 
 
 def acting_user() -> str | None:
-    """The logged-in user once the app has logins (``registry.web.security``); None until then."""
-    try:
-        from registry.web.security import current_user
-    except ImportError:
-        return None
-    try:
-        return current_user()
-    except Exception:  # noqa: BLE001 - no login machinery, no user
-        return None
+    """The logged-in user (``registry.web.security``), None when nobody is logged in."""
+    return current_user()
 
 
 class _Checkboxes(SelectMultipleField):
@@ -99,9 +97,6 @@ def _author(form: FlaskForm) -> str | None:
 
 
 def _task_runs(reg: Any, task: str) -> tuple[list[dict[str, Any]], set[str]]:
-    from registry.analysis.baselines import healthy_runs
-    from registry.store.filters import quote_string
-
     rows, _ = reg.list_runs(where=f'task="{quote_string(task)}"', order_by="name", limit=500)
     healthy = {r["id"] for r in healthy_runs(reg, task)}
     return rows, healthy
@@ -111,8 +106,6 @@ def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuil
     rows, healthy = _task_runs(reg, task)
     current = None
     try:
-        from registry.analysis.baselines import require_baseline
-
         _, meta = require_baseline(reg, task)
         current = set(meta["source_runs"] or [])
     except NotFoundError:
@@ -125,8 +118,6 @@ def _build_form(reg: Any, task: str, formdata: Any = None) -> tuple[BaselineBuil
 
 def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, status: int = 200,
                    error: str | None = None):
-    from registry.analysis.baselines import baseline_history, edited_metrics, require_baseline
-
     reg = get_registry()
     try:
         profile, meta = require_baseline(reg, task)
@@ -145,10 +136,6 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
         extra = {}
         if missing:
             with reg.read() as session:
-                from sqlalchemy import select
-
-                from registry.db.models import Run
-
                 extra = {rid: {"id": rid, "name": name, "verdict": verdict} for rid, name, verdict in session.execute(
                     select(Run.id, Run.name, Run.verdict).where(Run.id.in_(missing)))}
         sources = [names.get(rid) or extra.get(rid) or {"id": rid, "name": rid[:12], "verdict": None, "gone": True}
@@ -171,8 +158,6 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
 @bp.get("/baselines")
 def baselines():
     """Every task with its baseline (or the lack of one)."""
-    from registry.analysis.baselines import list_baselines
-
     return render_template("baselines.html", tasks=list_baselines(get_registry()))
 
 
@@ -186,8 +171,6 @@ def baseline(task: str):
 @admin_access_required
 def baseline_build(task: str):
     """Learn (or re-learn) the task's baseline from the ticked runs."""
-    from registry.analysis.baselines import build_task_baseline
-
     reg = get_registry()
     form, _, _ = _build_form(reg, task, formdata=request.form)
     author = _author(form)
@@ -208,8 +191,6 @@ def baseline_build(task: str):
 @admin_access_required
 def baseline_edit(task: str, metric: str):
     """Tune one metric's early and mid bands (and its warning text) by hand."""
-    from registry.analysis.baselines import edit_baseline_metric, require_baseline
-
     reg = get_registry()
     profile, meta = require_baseline(reg, task)
     mb = profile.metrics.get(metric)

@@ -11,6 +11,7 @@ from registry.web import queries
 from registry.web.curves import describe_semantics
 from registry.web.forms import DefinitionForm
 from registry.web.security import admin_access_required, current_user
+from registry.analysis.health import definition_ranges
 
 bp = Blueprint("dictionary", __name__, url_prefix="/dictionary")
 
@@ -43,7 +44,6 @@ def definition(name: str):
     runs, runs_total = queries.runs_using(reg, name)
     for r in runs:
         r["semantics_text"] = describe_semantics(r["semantics"])
-    from registry.analysis.health import definition_ranges
 
     return render_template("dictionary/definition.html", d=current, versions=versions, runs=runs,
                            runs_total=runs_total, frameworks=FRAMEWORKS, ranges=definition_ranges(reg, current))

@@ -24,6 +24,11 @@ from flask import request, url_for
 from registry.core.errors import InputError, NotFoundError
 from registry.analysis.similarity import find_similar_for_run
 from registry.store.facade import Registry
+from registry.analysis.health import current_findings
+from registry.analysis.baselines import get_baseline_meta
+from registry.web.formatting import format_number
+from registry.db.models import CurveEmbedding, Run
+from registry.web.curves import MAX_COMPARE_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +111,6 @@ def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | 
 
 def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] | None:
     """The run's diagnosis in triage order, ready for ``panels/diagnosis.html``."""
-    from registry.analysis.health import current_findings
-    from registry.analysis.baselines import get_baseline_meta
-
     try:
         found = current_findings(registry, run["id"], data_version=run["data_version"], task=run.get("task"))
     except Exception as exc:  # noqa: BLE001 - a detector failing on odd data must not take the dashboard down
@@ -247,8 +249,6 @@ def _k(text: str) -> int:
 
 
 def _fmt_value(v: Any) -> str:
-    from registry.web.formatting import format_number
-
     return "\u2014" if v is None else format_number(v) if isinstance(v, (int, float)) else str(v)
 
 
@@ -368,7 +368,6 @@ def _corpus_stamp(registry: Registry) -> tuple:
     """Changes whenever a search could answer differently: embeddings written, runs added, removed or updated."""
     from sqlalchemy import func, select
 
-    from registry.db.models import CurveEmbedding, Run
 
     with registry.read() as session:
         return tuple(session.execute(select(
@@ -397,7 +396,6 @@ def _overlay(run: Mapping[str, Any], result: Any, metrics: Sequence[str]) -> dic
     """
     from urllib.parse import urlencode
 
-    from registry.web.curves import MAX_COMPARE_RUNS
 
     metric = metrics[0]
     ids = [n.run_id for n in result.neighbours]

@@ -29,6 +29,8 @@ from registry.web.curves import MAX_COMPARE_RUNS, SmoothOptions, export_rows, pr
 from registry.web.compare_curves import CompareOptions, build_units, compare_metrics, overlay_spec
 from registry.web.plotting import FORMATS, render
 from registry.web.smoothing import describe
+from registry.dictionary.definitions import healthy_range_for
+from registry.analysis.health import current_findings
 
 bp = Blueprint("plots", __name__, url_prefix="/plots")
 
@@ -139,12 +141,8 @@ def diagnosis_marks(reg: Any, sref: queries.SeriesRef) -> DiagnosisMarks:
     if sref.definition_name is None:
         return DiagnosisMarks({}, {})  # unmapped keys are not diagnosed and have no range
     memo = span_memo()
-    per_metric = memo.get(sref.run_id, sref.data_version)
-    if per_metric is None:
-        from registry.analysis.health import current_findings
     marks = memo.get(sref.run_id, sref.data_version)
     if marks is None:
-
         try:
             found = current_findings(reg, sref.run_id, data_version=sref.data_version, task=sref.task)
         except Exception:  # noqa: BLE001 - the plot is still worth drawing without its findings
@@ -165,8 +163,6 @@ def finding_spans(reg: Any, sref: queries.SeriesRef) -> list[Span]:
 def plot_range(reg: Any, sref: queries.SeriesRef, marks: DiagnosisMarks) -> dict[str, Any] | None:
     """The healthy range a run's plot of ``sref`` draws: the one its diagnosis judged by (with its
     source), or the dictionary's when the diagnosis failed."""
-    from registry.dictionary.definitions import healthy_range_for
-
     if sref.definition_name is None:
         return None
     if marks.ranges is not None:

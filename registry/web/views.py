@@ -24,6 +24,11 @@ from registry.web.curves import MAX_COMPARE_RUNS, NORMALIZATION_LABELS, SmoothOp
 from registry.web.compare_curves import CompareOptions, build_units, compare_metrics, hyperparameter_diff
 from registry.web.smoothing import METHOD_LABELS, describe
 from registry.store.table_columns import pick_metric_columns, pick_param_columns
+from registry.web.runs_views import known_metrics, known_params
+from registry.web.run_columns import MetricColumn, metric_summaries
+from registry.web.iplot import COUNTER_HINTS, COUNTER_PREFIX
+from registry.web.vendor import inline_style_guards, plotly_available
+from registry.web.plots import span_memo
 
 bp = Blueprint("ui", __name__)
 
@@ -57,8 +62,6 @@ def _csv_arg(name: str) -> list[str] | None:
 
 def column_choices(reg: Any, rows: Sequence[Mapping[str, Any]], defs: Mapping[str, Any]) -> dict[str, list[str]]:
     """What the column picker offers: every hyperparameter and every mapped metric of the registry."""
-    from registry.web.runs_views import known_metrics, known_params
-
     return {"params": known_params(reg), "metrics": [m for m in known_metrics(reg) if m in defs]}
 
 
@@ -112,7 +115,6 @@ def runs():
     param_cols = _csv_arg("params")
     if param_cols is None:
         param_cols = pick_param_columns(rows)
-    from registry.web.run_columns import MetricColumn, metric_summaries
 
     try:
         metric_columns = [MetricColumn.parse(m) for m in metric_cols]
@@ -293,8 +295,6 @@ def run_dashboard(ref: str):
     unmapped.sort(key=lambda c: c["key"])
     marks = diagnosis.get("severity_by_metric", {}) if isinstance(diagnosis, Mapping) else {}
     if isinstance(diagnosis, Mapping) and "spans" in diagnosis:
-        from registry.web.plots import span_memo
-
         span_memo().put(run["id"], run["data_version"], diagnosis["spans"], ranges)
     _anchor_cards(layers, run, marks)
     flagged = [c for cards in layers.values() for c in cards if c["health"] in ("low", "high")]
@@ -319,9 +319,6 @@ def interactive_plots(run: Mapping[str, Any], cards: Sequence[dict[str, Any]], d
     Each card gets what ``iplots.js`` needs (its API URL, unit, findings spans); the page gets
     the x-axes this run offers and, for a running run, what its live status polls.
     """
-    from registry.web.iplot import COUNTER_HINTS, COUNTER_PREFIX
-    from registry.web.vendor import inline_style_guards, plotly_available
-
     if request.args.get("plots") == "static" or not plotly_available():
         return None
     spans = diagnosis.get("spans", {}) if isinstance(diagnosis, Mapping) else {}
@@ -427,8 +424,6 @@ def compare():
 
 def compare_interactive() -> dict[str, Any] | None:
     """The compare page's plots drawn by plotly (``?plots=static``: the PNGs only)."""
-    from registry.web.vendor import inline_style_guards, plotly_available
-
     if request.args.get("plots") == "static" or not plotly_available():
         return None
     return {"style_guards": inline_style_guards(),

@@ -517,4 +517,4 @@ def upload() -> tuple[Response, int]:
     return response, 201
 
 
-__all__ = ["bp", "archives.member_path", "parse_points"]
+__all__ = ["bp", "parse_points"]

@@ -9,6 +9,7 @@ from dtaidistance import dtw
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from registry.db.dialect import engine_of, is_postgresql
 from registry.db.models import Run
 from registry.core.semantics import semantic_differences
 from registry.analysis.similarity import closeness as CL
@@ -20,6 +21,7 @@ from registry.analysis.similarity.result import Neighbour, SimilarResult
 from registry.analysis.similarity import query as QP
 from registry.analysis.similarity import dtw as DT
 from registry.analysis.similarity import candidates as CS
+from registry.store.reader import run_to_dict
 
 
 def reference_distances(session: Session, corpus: X.Corpus, run_mask: np.ndarray, qms: list[QP.QueryMetric],
@@ -96,9 +98,9 @@ def numpy_engine_label(session: Session, portion: QP.Portion, normalize: str, ex
             "PAA-32 vectors (grids not kept in memory)"
         return (f"numpy subsequence (every start scored on the {scan}, "
                 f"{'DTW at every start' if exact else 'DTW at the best starts'})")
-    if X._engine_of(session).dialect.name != "postgresql":
+    if not is_postgresql(session):
         return "numpy"
-    status = X.pgvector_status(X._engine_of(session))
+    status = X.pgvector_status(engine_of(session))
     if status != "ready":
         return {"missing": "numpy (pgvector not installed)",
                 X.NEEDS_SUPERUSER: "numpy (pgvector not created in this database: needs a superuser)",
@@ -111,8 +113,6 @@ def numpy_engine_label(session: Session, portion: QP.Portion, normalize: str, ex
 def build_neighbours(session: Session, corpus: X.Corpus, el: CS.Eligible, cand: np.ndarray, ranked: list[tuple[float, int]],
                 qms: list[QP.QueryMetric], qgrid: np.ndarray, xs: np.ndarray, portion: QP.Portion,
                 qparams: dict[str, Any], wvec: np.ndarray) -> list[Neighbour]:
-    from registry.store.reader import run_to_dict
-
     if not ranked:
         return []
     picks = [(d, int(cand[i]), i) for d, i in ranked]

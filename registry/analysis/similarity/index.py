@@ -26,11 +26,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    ARRAY, BigInteger, Engine, MetaData, String, any_, bindparam, column, delete, exists, func, or_, select, table,
+    BigInteger, Engine, MetaData, String, column, delete, exists, func, or_, select, table,
     text, true, update,
 )
 from sqlalchemy.orm import Session
 
+from registry.db.dialect import engine_of, id_chunks, is_postgresql, is_sqlite
 from registry.db.models import CurveEmbedding, MetricDefinition, Run, Series, utcnow
 from registry.store.reader import read_series_chunks
 from registry.analysis.similarity import features as F
@@ -53,17 +54,10 @@ def semantics_key(semantics: dict[str, Any] | None) -> str:
 _vector_support: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
 
-def _engine_of(session_or_engine: Session | Engine) -> Engine:
-    if isinstance(session_or_engine, Engine):
-        return session_or_engine
-    bind = session_or_engine.get_bind()
-    return bind if isinstance(bind, Engine) else bind.engine
-
-
 def has_vector_columns(bind: Session | Engine) -> bool:
     """Whether this PostgreSQL database has the pgvector columns (checked once per engine)."""
-    engine = _engine_of(bind)
-    if engine.dialect.name != "postgresql":
+    engine = engine_of(bind)
+    if not is_postgresql(engine):
         return False
     known = _vector_support.get(engine)
     if known is None:
@@ -97,7 +91,7 @@ def pgvector_status(engine: Engine) -> str:
     'needs superuser' (pgvector installed on the server, not created in this database, and this
     role may not create it), 'missing' (not installed) or 'not postgresql'.
     """
-    if engine.dialect.name != "postgresql":
+    if not is_postgresql(engine):
         return "not postgresql"
     if has_vector_columns(engine):
         return "ready"
@@ -357,14 +351,7 @@ def fetch_grids(session: Session, ids: np.ndarray) -> np.ndarray:
     """(len(ids), levels, GRID) z-grids of the given rows, in the order given."""
     out = np.zeros((len(ids), F.N_LEVELS, F.GRID), dtype=np.float16)
     where = {int(i): j for j, i in enumerate(ids)}
-    # PostgreSQL takes the ids as one array (one bind, one plan for any count); SQLite's IN
-    # list stays under its bind limit in chunks
-    pg = session.get_bind().dialect.name == "postgresql"
-    step = max(len(ids), 1) if pg else 900
-    for start in range(0, len(ids), step):
-        chunk = [int(i) for i in ids[start:start + step]]
-        match = CurveEmbedding.id == any_(bindparam("ids", chunk, type_=ARRAY(BigInteger))) if pg \
-            else CurveEmbedding.id.in_(chunk)
+    for match in id_chunks(session, CurveEmbedding.id, [int(i) for i in ids]):
         for rid, blob in session.execute(select(CurveEmbedding.id, CurveEmbedding.grid).where(match)):
             out[where[rid]] = F.decode_grid(blob)
     return out
@@ -377,7 +364,7 @@ class _CorpusCache:
         self.loads = 0  # full loads, for tests and the benchmark
 
     def get(self, session: Session, version: str = F.EMBEDDING_VERSION) -> Corpus:
-        engine = _engine_of(session)
+        engine = engine_of(session)
         state = embedding_state(session, version)
         with self._lock:
             per_engine = self._by_engine.setdefault(engine, {})
@@ -432,7 +419,7 @@ def embedding_state(session: Session, version: str = F.EMBEDDING_VERSION) -> tup
     reload. On SQLite the count comes from the trigger-kept table (one lookup instead of a
     walk of the version index); on PostgreSQL it is counted."""
     max_id = session.scalar(select(func.max(CurveEmbedding.id)).where(CurveEmbedding.version == version))
-    if session.get_bind().dialect.name == "sqlite":
+    if is_sqlite(session):
         count = session.scalar(select(ROW_COUNTS.c.n_rows).where(ROW_COUNTS.c.version == version))
     else:
         count = session.scalar(select(func.count()).where(CurveEmbedding.version == version))

@@ -12,6 +12,8 @@ from sqlalchemy.orm import Session
 from registry.core.errors import InputError
 from registry.db.models import MetricDefinition, Run, Series
 from registry.analysis.similarity import features as F
+from registry.core.hparams import restore_value
+from registry.store.filters import compile_filter
 
 
 #: Planned-length hyperparameters, used to place a running run's progress on the fraction axis.
@@ -250,7 +252,6 @@ def load_query(session: Session, run: Run) -> tuple[dict[str, dict[str, Any]], d
         a = available.setdefault(r.name, {"quantity": r.quantity, "layer": r.layer, "count": r.count, "keys": [],
                                           "series_id": r.id, "sign": r.sign, "semantics": r.semantics or {}})
         a["keys"].append(r.key)
-    from registry.core.hparams import restore_value
 
     params = {p.key: restore_value(p.value_type, p.num_value, p.text_value) for p in run.params}
     return available, params
@@ -258,8 +259,6 @@ def load_query(session: Session, run: Run) -> tuple[dict[str, dict[str, Any]], d
 
 def filters(run: Run, where: str | None, same_task: bool, same_project: bool, same_algorithm: bool,
              outcome: Any) -> list[Any]:
-    from registry.store.filters import compile_filter
-
     conds: list[Any] = []
     if where:
         conds.append(compile_filter(where))

@@ -62,6 +62,7 @@ from registry.analysis.similarity import candidates as CS
 from registry.analysis.similarity import pgvector as PV
 from registry.analysis.similarity import assembly as AS
 from registry.analysis.similarity.result import SimilarResult, summarize
+from registry.analysis.similarity.anywhere import search_anywhere
 
 
 # --- query preparation ------------------------------------------------------------------
@@ -159,8 +160,6 @@ def find_similar(registry: Any, run_ref: str, metrics: Sequence[str] | str | Non
         n_half = n_paa = 0
         buf = None
         if anywhere:
-            from registry.analysis.similarity.anywhere import search_anywhere
-
             el, ranked, computed, buf, C = search_anywhere(session, corpus, el, qms, qgrid, qpaa, portion, first,
                                                            normalize, scales, wvec, k, exact, excluded, counts)
             cand = np.arange(len(el.runs))
