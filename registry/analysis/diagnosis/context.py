@@ -96,6 +96,16 @@ class Context:
         cap = max(1, int(self.s.max_window_frac * sr.n))
         return int(min(w, cap))
 
+    def first_series(self, role: str) -> tuple[str, Series, int] | None:
+        """How a detector opens its metric: the role's first present metric, its series and its
+        point count; None when the run logs no metric of that role. Each detector then applies
+        the minimum length its own test needs (or :meth:`opening`'s common one)."""
+        name = self.first(role)
+        if name is None:
+            return None
+        sr = self.series(name)
+        return name, sr, sr.n
+
     def opening(self, name: str, extra: int = 2) -> tuple[Series, int, int] | None:
         """What most detectors start from: the series, its point count ``n`` and the persistence
         ``M`` a finding needs (``persist``); None when fewer than ``M + extra`` points leave

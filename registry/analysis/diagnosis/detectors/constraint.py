@@ -111,11 +111,10 @@ def detect_kl_climb(ctx: Context) -> list[Finding]:
 # Clip fraction
 # ---------------------------------------------------------------------------------------
 def detect_clip_high(ctx: Context) -> list[Finding]:
-    name = ctx.first("clip_fraction")
-    if name is None:
+    found = ctx.first_series("clip_fraction")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     _, high = ctx.range(name)
     if high is None:
@@ -160,11 +159,10 @@ def detect_clip_high(ctx: Context) -> list[Finding]:
 
 
 def detect_clip_low(ctx: Context) -> list[Finding]:
-    name = ctx.first("clip_fraction")
-    if name is None:
+    found = ctx.first_series("clip_fraction")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     low, _ = ctx.range(name)
     if low is None or n < 4:
@@ -212,11 +210,10 @@ def detect_clip_low(ctx: Context) -> list[Finding]:
 # Entropy
 # ---------------------------------------------------------------------------------------
 def detect_entropy_collapse(ctx: Context) -> list[Finding]:
-    name = ctx.first("entropy")
-    if name is None:
+    found = ctx.first_series("entropy")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     M = ctx.persist(n)
     G = max(st.cliff_points, int(round(st.cliff_run_frac * n)))
@@ -259,11 +256,10 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
 # Value loss not decreasing
 # ---------------------------------------------------------------------------------------
 def detect_value_loss_flat(ctx: Context) -> list[Finding]:
-    name = ctx.first("value_loss")
-    if name is None:
+    found = ctx.first_series("value_loss")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     if n < st.vl_min_points:
         return []
@@ -325,11 +321,10 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
 # Policy loss growing without convergence
 # ---------------------------------------------------------------------------------------
 def detect_policy_loss_growing(ctx: Context) -> list[Finding]:
-    name = ctx.first("policy_loss")
-    if name is None:
+    found = ctx.first_series("policy_loss")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     M = ctx.persist(n)
     W = max(2 * M, int(round(st.pl_window_frac * n)))

@@ -23,11 +23,10 @@ from registry.analysis.diagnosis.types import Finding
 
 
 def detect_truncation(ctx: Context) -> list[Finding]:
-    name = ctx.first("truncation")
-    if name is None:
+    found = ctx.first_series("truncation")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     M = ctx.persist(n)
     if n < max(3, M):

@@ -303,11 +303,10 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
 
 
 def detect_advantage_drift(ctx: Context) -> list[Finding]:
-    name = ctx.first("advantage_mean")
-    if name is None:
+    found = ctx.first_series("advantage_mean")
+    if found is None:
         return []
-    sr = ctx.series(name)
-    n = sr.n
+    name, sr, n = found
     st = ctx.s
     M = ctx.persist(n)
     if n < M + 3:
