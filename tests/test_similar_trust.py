@@ -134,6 +134,18 @@ def test_weighted_prediction_needs_close_neighbours_and_shows_the_base_rate():
     assert partial.verdict is None  # compared on 1 of 3 metrics each: a third of the weight
 
 
+def test_a_split_vote_or_one_that_only_repeats_the_base_rate_is_not_a_prediction():
+    counts = {"failed": 6, "success": 3}
+    split = predict(["success", "failed", "success", "failed"], [0.1, 0.1, 0.2, 0.2], [1] * 4, 0.5, counts)
+    assert split.verdict is None and split.agreement == pytest.approx(0.5)
+    assert split.message.startswith("No prediction: the similar runs ended") and "needs 67%" in split.message
+    # 70% failed among close neighbours, where 6 of 9 runs of the collection failed anyway: no lift
+    common = predict(["failed"] * 7 + ["success"] * 3, [0.1] * 10, [1] * 10, 0.5, {"failed": 8, "success": 2})
+    assert common.verdict is None and "no more common among them than in the collection (80%)" in common.message
+    clear = predict(["failed"] * 8 + ["success"] * 2, [0.1] * 10, [1] * 10, 0.5, {"failed": 1, "success": 1})
+    assert clear.verdict == "failed" and clear.agreement == pytest.approx(0.8)
+
+
 def test_prediction_in_a_labelled_registry(registry: Registry):
     names = CARTPOLE
     add_sweep(registry, names)
@@ -163,7 +175,7 @@ def test_cli_shows_coverage_closeness_and_outcome(tmp_path: Path):
     assert out.exit_code == 0, out.output
     assert "3 of 3 metrics" in out.output and "compared on" in out.output
     assert "closeness: The nearest run is" in out.output
-    assert "Likely outcome" in out.output or "Not enough similar runs" in out.output
+    assert any(said in out.output for said in ("Likely outcome", "Not enough similar runs", "No prediction"))
     js = json.loads(CliRunner().invoke(cli, ["--db", url, "similar", "cartpole_default_s1", "--json"]).output)
     assert js["closeness"]["status"] == "close" and "effective_neighbours" in js["prediction"]
     assert all(n["coverage"] == "3 of 3 metrics" for n in js["neighbours"])

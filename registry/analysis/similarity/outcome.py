@@ -9,8 +9,14 @@ neighbours that are all far away add up to little, however unanimous they are, w
 majority of the k nearest would still have called it. A prediction is made only when that sum
 reaches ``MIN_EFFECTIVE`` and a reference exists; otherwise the honest answer is "not enough
 similar runs". The predicted verdict's weighted share (the agreement) is shown next to the
-share of that verdict among the collection's runs (the base rate), so a prediction that merely
-repeats the base rate reads as such.
+share of that verdict among the collection's runs (the base rate).
+
+A split vote is not a prediction: the leading verdict must hold at least ``MIN_AGREEMENT`` of the
+weight and more than its base rate, else the answer says the neighbours are split (with their
+shares). On the labelled real SB3 sweep (``bench/similar_real.py``) the ungated vote was right
+on 2 of 11 held-out runs it answered, below the base rate's 10 of 15: its leads were 50-77%
+shares of runs whose failures (entropy collapse, a narrow clip range) leave the return curve
+looking healthy.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 MIN_EFFECTIVE = 2.0
+#: Share of the weight the leading verdict needs before it is called the likely outcome.
+MIN_AGREEMENT = 2 / 3
 
 
 @dataclass
@@ -80,6 +88,13 @@ def predict(verdicts: Sequence[str | None], distances: Sequence[float], coverage
                                  f"a run at the collection's usual nearest-neighbour distance, {bandwidth:.2f}, "
                                  "counts 0.6).")
     base = rates.get(lead)
+    if shares[lead] < MIN_AGREEMENT or (base is not None and shares[lead] <= base):
+        split = ", ".join(f"{v} {sh:.0%}" for v, sh in shares.items())
+        why = (f"the leading verdict needs {MIN_AGREEMENT:.0%} of the weight" if shares[lead] < MIN_AGREEMENT
+               else f"{lead} is no more common among them than in the collection ({base:.0%})")
+        return OutcomePrediction(None, shares[lead], mass, base, bandwidth, shares, rates, n_known,
+                                 f"No prediction: the similar runs ended {split} (weight of {mass:.1f} effective "
+                                 f"neighbours), and {why}.")
     base_text = f"{base:.0%} of the collection's {n_known} runs with a verdict" if base is not None else \
         "no run of the collection has that verdict"
     return OutcomePrediction(lead, shares[lead], mass, base, bandwidth, shares, rates, n_known,
