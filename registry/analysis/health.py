@@ -33,12 +33,11 @@ from registry.analysis.diagnosis import (
     metric_infos_from_definitions,
 )
 from registry.core.errors import NotFoundError
-from registry.db.models import HealthBaseline, RunFindings, utcnow
+from registry.db.models import HealthBaseline, RunFindings, Series, utcnow
 from registry.store.facade import Registry
 
 from registry.analysis.baselines import get_baseline
 from registry.analysis.inputs import diagnosis_definitions, run_curves
-from registry.db.models import Series
 from registry.analysis.diagnosis.ranges import FALLBACK_SOURCE, resolve_range
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
 from registry.dictionary.definitions import dictionary_stamp, healthy_range_for

@@ -25,9 +25,7 @@ from sqlalchemy.orm import Session, selectinload
 from registry.db import migrate
 from registry.dictionary.binding import AliasIndex, Binding, normalize_framework
 from registry.db.engine import default_database_url, make_engine, make_session_factory
-from registry.dictionary.definitions import ensure_default_dictionary
-from registry.core.errors import AlreadyRegisteredError, InputError, NotFoundError
-from registry.core.errors import LimitExceededError
+from registry.core.errors import AlreadyRegisteredError, InputError, LimitExceededError, NotFoundError
 from registry.core.hparams import iter_typed
 from registry.core.jsonsafe import has_unstorable_text
 from registry.core.limits import DEFAULT_LIMITS, Limits
@@ -55,7 +53,8 @@ from registry.importers import fingerprint, open_source, run_paths
 from registry.store.tracker_runs import register_store, register_store_run, store_format
 from registry.importers.params import merge_params
 from registry.store.filters import compile_filter, hyperparameter_fields, sort_keys, suggest_params
-from registry.dictionary.definitions import definition_to_dict, dictionary_stamp, list_definitions
+from registry.dictionary.definitions import (definition_to_dict, dictionary_stamp, ensure_default_dictionary,
+                                             list_definitions)
 
 # Points per stored chunk: a 100k-point curve is two rows; streamed appends are compacted
 # back into chunks of this size once a series has collected many small ones.
