@@ -58,10 +58,16 @@ def test_registration_keeps_the_hyperparameters_the_diagnosis_reads(registry):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[n]))
                                   if n in KNOWN_MISSES else n for n in PROBLEM_RUNS])
 def test_labelled_problems_are_found_with_the_labelled_cause(registry, name):
-    lab = LABELS[name]
     d = diagnose_run(registry, name, use_baseline=False)
-    warn = d.at_least("warning")
     assert not d.healthy
+    _assert_finds_the_labelled_problems(name, d)
+
+
+def _assert_finds_the_labelled_problems(name: str, d) -> None:  # noqa: ANN001 - a Diagnosis
+    """Every labelled problem has a warning in its steps naming the labelled cause, and every
+    warning is one of the label's problems or their consequences."""
+    lab = LABELS[name]
+    warn = d.at_least("warning")
     for prob in lab["problems"]:
         lo, hi = prob["steps"]
         hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
@@ -69,7 +75,7 @@ def test_labelled_problems_are_found_with_the_labelled_cause(registry, name):
         assert any(f.cause == lab["cause"] for f in hit), \
             f"{name}: {[(f.detector, f.cause) for f in hit]} instead of {lab['cause']}"
     allowed = {det for p in lab["problems"] for det in p["detectors"]} | set(lab.get("consequences") or [])
-    assert {f.detector for f in warn} <= allowed
+    assert {f.detector for f in warn} <= allowed, [f.summary() for f in warn]
 
 
 @pytest.mark.parametrize("name", PROBLEM_RUNS)
@@ -116,18 +122,9 @@ def test_a_baseline_of_the_tasks_healthy_runs_finds_what_the_dictionary_alone_mi
         assert d.healthy, [f.summary() for f in d.at_least("warning")]
     build_task_baseline(registry, "Acrobot-v1", HEALTHY_ACROBOT, author="test")
     for name in KNOWN_MISSES:
-        lab = LABELS[name]
         d = diagnose_run(registry, name)
         assert d.baseline_note == f"baseline of n={len(HEALTHY_ACROBOT)} healthy runs"
-        warn = d.at_least("warning")
-        for prob in lab["problems"]:
-            lo, hi = prob["steps"]
-            hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
-            assert hit, f"{name}: {prob['what']} not found with the baseline ({[f.summary() for f in warn]})"
-            assert any(f.cause == lab["cause"] for f in hit), \
-                f"{name}: {[(f.detector, f.cause) for f in hit]} instead of {lab['cause']}"
-        allowed = {det for p in lab["problems"] for det in p["detectors"]} | set(lab.get("consequences") or [])
-        assert {f.detector for f in warn} <= allowed, [f.summary() for f in warn]
+        _assert_finds_the_labelled_problems(name, d)
 
 
 def test_a_baseline_needs_three_healthy_runs_unless_a_weak_one_is_accepted(registry):
