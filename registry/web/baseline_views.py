@@ -27,12 +27,6 @@ from registry.db.models import Run
 bp = Blueprint("baselines", __name__)
 
 
-
-def acting_user() -> str | None:
-    """The logged-in user (``registry.web.security``), None when nobody is logged in."""
-    return current_user()
-
-
 class _Checkboxes(SelectMultipleField):
     widget = widgets.ListWidget(prefix_label=False)
     option_widget = widgets.CheckboxInput()
@@ -93,7 +87,7 @@ class BandEditForm(FlaskForm):
 
 
 def _author(form: FlaskForm) -> str | None:
-    return acting_user() or ((form.author.data or "").strip() or None)
+    return current_user() or ((form.author.data or "").strip() or None)
 
 
 def _task_runs(reg: Any, task: str) -> tuple[list[dict[str, Any]], set[str]]:
@@ -151,7 +145,7 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
     return render_template(
         "baseline.html", task=task, profile=profile, meta=meta, metrics=metrics, sources=sources, form=form,
         rows=rows, rows_by_id=names, healthy=healthy, history=list(reversed(history))[:30], error=error,
-        user=acting_user(),
+        user=current_user(),
     ), status
 
 
@@ -224,4 +218,4 @@ def baseline_edit(task: str, metric: str):
     status = 400 if request.method == "POST" else 200
     definition = queries.definition_summaries(reg, [metric]).get(metric)
     return render_template("baseline_edit.html", task=task, metric=metric, mb=mb, profile=profile, meta=meta,
-                           form=form, error=error, definition=definition, user=acting_user()), status
+                           form=form, error=error, definition=definition, user=current_user()), status
