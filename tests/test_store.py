@@ -145,6 +145,39 @@ def test_hostile_strings_are_stored_verbatim(registry: Registry):
         registry.create_run("bad\x00name")
 
 
+@pytest.mark.parametrize("args, kwargs, field", [
+    (("\ud800", {"x": ([1], [1.0])}), {}, "run name"),
+    (("a", {"k\ud800": ([1], [1.0])}), {}, "metric key"),
+    (("a", {"x": ([1], [1.0])}), {"params": {"lr": "\udfff"}}, "hyperparameter 'lr'"),
+    (("a", {"x": ([1], [1.0])}), {"params": {"\ud800": 1}}, "hyperparameter name"),
+    (("a", {"x": ([1], [1.0])}), {"tags": ["\ud800"]}, "tag"),
+    (("a", {"x": ([1], [1.0])}), {"outcome": {"notes": "ok\ud800"}}, "notes"),
+])
+def test_text_no_database_can_store_is_refused_naming_the_field(registry: Registry, args, kwargs, field):
+    # A lone surrogate cannot be encoded by any driver: it is an InputError, and nothing is stored
+    with pytest.raises(InputError, match=field):
+        registry.register_arrays(*args, **kwargs)
+    assert registry.list_runs()[0] == []
+
+
+def test_notes_keep_their_lines(registry: Registry):
+    registry.register_arrays("r", {"x": ([1], [1.0])})
+    registry.set_outcome("r", notes="re-evaluated\non 100 episodes\tok")
+    assert registry.run_detail("r")["notes"] == "re-evaluated\non 100 episodes\tok"
+    with pytest.raises(InputError, match="control characters"):
+        registry.set_outcome("r", notes="bell\x07")
+
+
+def test_an_edit_with_unstorable_text_changes_nothing(registry: Registry):
+    from registry.store.run_history import CheckpointEntry, RunEdit, edit_run
+    registry.register_arrays("r", {"x": ([1], [1.0])}, tags=["keep"])
+    bad = RunEdit(verdict=None, scores={}, tags=["keep"], notes=None,
+                  checkpoints=[CheckpointEntry(step=1, uri="s3://ckpt\ud800")])
+    with pytest.raises(InputError, match="lone surrogate"):
+        edit_run(registry, "r", bad, author=None)
+    assert registry.run_detail("r")["tags"] == ["keep"] and registry.run_detail("r")["checkpoints"] == []
+
+
 def test_outcome_validation(registry: Registry):
     run = registry.create_run("r")
     with pytest.raises(InputError, match="verdict must be one of"):

@@ -27,6 +27,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from registry.core.errors import InputError, StepOrderError
+from registry.core.jsonsafe import has_unstorable_text
 from registry.core.run_fields import DEFAULT_ORDER_POLICY, ORDER_POLICIES
 
 
@@ -118,6 +119,9 @@ def _check_key(key: str, source: str, position: str) -> None:
         raise InputError(f"metric key longer than {MAX_KEY_LENGTH} characters", source, position)
     if any(ord(c) < 32 for c in key):
         raise InputError(f"metric key {key[:40]!r} contains control characters", source, position)
+    if has_unstorable_text(key):
+        raise InputError(f"metric key {key[:40]!r} contains a lone surrogate, which no database can store",
+                         source, position)
 
 
 class SeriesBuilder:

@@ -42,7 +42,7 @@ from registry.db.models import (
     utcnow,
 )
 from registry.importers.run_summary import split_run_summary
-from registry.core.series import DEFAULT_ORDER_POLICY, SeriesBuilder, SeriesData, check_batch
+from registry.core.series import DEFAULT_ORDER_POLICY, MAX_KEY_LENGTH, SeriesBuilder, SeriesData, check_batch
 from registry.store.hooks import Hooks
 from registry.store.writes import append_points, bind_key
 from registry.store.reader import CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_to_dict
@@ -81,15 +81,19 @@ class RegistrationResult:
         return dict(self.__dict__)
 
 
-def _check_text(value: str | None, what: str, max_len: int = MAX_NAME_LENGTH) -> str | None:
+def _check_text(value: str | None, what: str, max_len: int = MAX_NAME_LENGTH, *,
+                multiline: bool = False) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise InputError(f"{what} must be text, got {type(value).__name__}")
     if len(value) > max_len:
         raise InputError(f"{what} is longer than {max_len} characters")
-    if any(ord(c) < 32 and c not in "\t" for c in value):
+    allowed = "\t\n\r" if multiline else "\t"
+    if any(ord(c) < 32 and c not in allowed for c in value):
         raise InputError(f"{what} contains control characters")
+    if has_unstorable_text(value):
+        raise InputError(f"{what} contains a lone surrogate, which no database can store: {value!r}"[:300])
     return value
 
 
@@ -195,6 +199,8 @@ class Registry:
         seen = set()
         for key, vtype, num, text in iter_typed(params or {}):
             _check_text(key, "hyperparameter name", 300)
+            if text is not None and has_unstorable_text(text):
+                raise InputError(f"hyperparameter {key!r} has text no database can store (a NUL or a lone surrogate)")
             if key in seen:
                 raise InputError(f"hyperparameter {key!r} is given twice")
             seen.add(key)
@@ -265,6 +271,7 @@ class Registry:
         for key, sd in data.items():
             series = existing.get(key)
             if series is None:
+                _check_text(key, "metric key", MAX_KEY_LENGTH)
                 context = context or binding_context(run)
                 binding = bind_key(index, key, context, overrides)
                 bindings[key] = binding
@@ -516,7 +523,7 @@ class Registry:
                 raise InputError(f"verdict must be one of {', '.join(VERDICTS)}; got {verdict!r}")
             run.verdict = verdict
         if notes is not None:
-            run.notes = _check_text(notes, "notes", 100000)
+            run.notes = _check_text(notes, "notes", 100000, multiline=True)
         for score_name, value in (scores or {}).items():
             _check_text(score_name, "score name")
             try:

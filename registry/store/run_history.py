@@ -16,6 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from registry.core.errors import InputError
+from registry.core.jsonsafe import has_unstorable_text
 from registry.core.run_fields import VERDICTS
 from registry.db.models import Checkpoint, OutcomeScore, Run, RunEvent, RunTag, utcnow
 
@@ -92,6 +93,9 @@ def check_edit(edit: RunEdit, max_checkpoints: int) -> None:
     for tag in edit.tags:
         if not tag.strip() or len(tag) > MAX_TAG_LENGTH or any(ord(c) < 32 for c in tag):
             raise InputError(f"tag {tag[:40]!r} must be 1-{MAX_TAG_LENGTH} printable characters")
+    texts = [edit.notes, edit.tags, list(edit.scores), [(c.uri, c.note) for c in edit.checkpoints]]
+    if has_unstorable_text(texts):
+        raise InputError("the edit contains text no database can store (a NUL or a lone surrogate)")
     if edit.notes is not None and len(edit.notes) > MAX_NOTES_LENGTH:
         raise InputError(f"notes are longer than {MAX_NOTES_LENGTH} characters")
     if len(edit.checkpoints) > max_checkpoints:
