@@ -265,6 +265,24 @@ def test_reward_flat_uses_the_task_range():
     assert not diagnose({"episode_return_mean": _c(r2, 2048)}, default_metric_infos("Pendulum-v1")).at_least("warning")
 
 
+def test_a_control_reward_rising_slowly_is_flat_only_when_the_policy_stays_as_random_as_it_started():
+    rng = _rng(13)
+    n = 48
+    ret = -500 + np.linspace(0, 70, n) + rng.normal(0, 5, n)      # +14% relative, no task range
+    uniform = 1.0986 - np.linspace(0, 0.01, n)                     # ln 3: the policy never sharpens
+    sharpening = np.linspace(1.0986, 0.4, n)
+    curves = lambda ent: {"episode_return_mean": _c(ret, 1024), "entropy": _c(ent, 1024)}  # noqa: E731
+    flat = diagnose(curves(uniform), INFOS).by_detector("reward_flat")
+    assert flat and flat[0].severity == "warning"
+    assert "as random as it started (entropy 1.1 -> 1.09)" in flat[0].title
+    assert flat[0].evidence["entropy_late"] / flat[0].evidence["entropy_early"] > 0.9
+    # a policy that sharpened has learned something, however slowly its return moves
+    assert not diagnose(curves(sharpening), INFOS).by_detector("reward_flat")
+    # an LLM's token entropy staying level says nothing of the kind
+    llm = dict(curves(uniform), response_length_mean=_c(np.full(n, 300.0), 1024))
+    assert not diagnose(llm, INFOS).by_detector("reward_flat")
+
+
 # ---------------------------------------------------------------------------------------
 # Settings, NaN robustness, partial and long runs
 # ---------------------------------------------------------------------------------------

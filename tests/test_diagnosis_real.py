@@ -26,13 +26,8 @@ PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem
 #: Held-out problems the diagnosis misses (reported by bench/diagnose_real.py); strict, so a fix shows.
 HEALTHY_ACROBOT = sorted(n for n, lab in LABELS.items() if lab["env"] == "Acrobot-v1" and lab["label"] == "healthy")
 #: Held-out problems the diagnosis misses without a baseline (reported by bench/diagnose_real.py);
-#: strict, so a fix shows. Both are found once the task has a baseline of its 3 healthy runs.
-KNOWN_MISSES = {
-    "acrobot_clip_0.02": "no task range for Acrobot in the dictionary: a slow, late rise from -500 to -410 is not "
-                         "judged flat without a baseline (its clip_low finding names clip_range_small)",
-    "acrobot_ent_1.0": "no task range for Acrobot in the dictionary: a rise from -500 to -439 is not judged flat "
-                       "without a baseline",
-}
+#: strict, so a fix shows.
+KNOWN_MISSES: dict[str, str] = {}
 BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")
 
 

@@ -122,6 +122,13 @@ class DiagnosisSettings:
     flat_min_rel_improvement: float = 0.03
     #: Reward flat needs at least this many logged points (else it is only info).
     flat_min_points: int = 20
+    #: A control run whose policy ended as random as it started (late entropy at least this
+    #: fraction of the early entropy) has not learned a policy; its reward is called flat when
+    #: it improved by less than ``flat_unsharpened_improvement`` (of the task range, or relative
+    #: without one). The reward's own level cannot tell a slow start from no learning (a healthy
+    #: Acrobot run sits at -500 for a third of its run while its entropy falls); the entropy can.
+    flat_entropy_kept: float = 0.9
+    flat_unsharpened_improvement: float = 0.5
     #: A plateau: over the last this fraction of the run the reward gains less than
     #: flat_min_improvement of its task range while below flat_max_level of it.
     plateau_frac: float = 0.3

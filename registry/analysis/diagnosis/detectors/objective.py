@@ -5,6 +5,7 @@ import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.signal import (
+    Series,
     merge_close,
     noise_sigma,
     rank_corr,
@@ -220,12 +221,15 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     def judge(p: int) -> tuple[bool, float, float, float, float]:
         e = ctx.early(p)
         early, late = float(np.median(y[:e])), float(np.median(y[p - e:p]))
+        kept = _entropy_kept(ctx, sr, p) is not None
         if low is not None and high is not None and high > low:
             width = high - low
             imp, level = (late - early) / width, (late - low) / width
-            return imp < st.flat_min_improvement and level < st.flat_max_level, early, late, imp, level
+            enough = st.flat_unsharpened_improvement if kept else st.flat_min_improvement
+            return imp < enough and level < st.flat_max_level, early, late, imp, level
         rel = (late - early) / max(abs(early), abs(late), TINY)
-        return rel < st.flat_min_rel_improvement, early, late, rel, float("nan")
+        enough = st.flat_unsharpened_improvement if kept else st.flat_min_rel_improvement
+        return rel < enough, early, late, rel, float("nan")
 
     flat, early, late, imp, level = judge(n)
     if not flat:
@@ -236,14 +240,18 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     p_first = int(grid[bad[-1] + 1]) if bad.size else int(grid[0])
     sev = "warning" if n >= st.flat_min_points else "info"
     ranged = not np.isnan(level)
+    kept = _entropy_kept(ctx, sr, n)
     title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
              + (f" ({100 * imp:.1f}% of the task range, at {100 * level:.0f}% of it)" if ranged
-                else f" ({100 * imp:.1f}% relative)"))
+                else f" ({100 * imp:.1f}% relative)")
+             + (f", and the policy ends as random as it started (entropy {kept[0]:.3g} -> {kept[1]:.3g})"
+                if kept else ""))
     return [ctx.finding(
         "reward_flat", name, sr.step(0), sr.step_end(n - 1), sev, title,
         evidence={"early_level": sign * early, "late_level": sign * late, "improvement": imp,
                   "level_in_range": level, "range_low": low if low is not None else float("nan"),
-                  "range_high": high if high is not None else float("nan")},
+                  "range_high": high if high is not None else float("nan"),
+                  "entropy_early": kept[0] if kept else None, "entropy_late": kept[1] if kept else None},
         causes=["the learning rate or update size is too small (see clip fraction / KL)",
                 "the reward is too sparse for the exploration the policy does",
                 "the algorithm's defaults do not suit the task (e.g. PPO defaults on Pendulum)",
@@ -254,6 +262,23 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
                "entropy bonus) or shape the reward; compare with a solved configuration",
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
+
+
+def _entropy_kept(ctx: Context, reward: Series, p: int) -> tuple[float, float] | None:
+    """(early, late) entropy over the reward's first ``p`` points when a control run's policy ended
+    as random as it started; None otherwise (an LLM's token entropy often stays level in healthy
+    training, and a policy that sharpened has learned something however slowly its reward moves)."""
+    if ctx.run_kind != "control" or p < ctx.s.flat_min_points:
+        return None
+    name = ctx.first("entropy")
+    if name is None:
+        return None
+    e = ctx.early(p)
+    early = ctx.median_between(name, reward.step(0), reward.step_end(e - 1))
+    late = ctx.median_between(name, reward.step(p - e), reward.step_end(p - 1))
+    if early is None or late is None or early <= TINY or late <= TINY:
+        return None  # a Gaussian policy's entropy can be negative: a ratio would mean nothing
+    return (early, late) if late >= ctx.s.flat_entropy_kept * early else None
 
 
 def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low: float | None,
