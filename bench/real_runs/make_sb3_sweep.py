@@ -69,6 +69,14 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_ent_1.0": ("CartPole-v1", 3, 60_000, {"ent_coef": 1.0}),
     "acrobot_lr_3e-6": ("Acrobot-v1", 2, 60_000, {"learning_rate": 3e-6}),
     "acrobot_lr_1e-2": ("Acrobot-v1", 2, 60_000, {"learning_rate": 1e-2}),
+    # A third held-out batch, placed before training after the second batch's figures showed a
+    # missed narrow clip range (0.03): clip ranges between the caught and the missed values, on
+    # both tasks, and fresh healthy seeds.
+    "acrobot_default_s5": ("Acrobot-v1", 5, 60_000, {}),
+    "cartpole_default_s6": ("CartPole-v1", 6, 60_000, {}),
+    "acrobot_clip_0.05": ("Acrobot-v1", 3, 60_000, {"clip_range": 0.05}),
+    "cartpole_clip_0.05": ("CartPole-v1", 3, 60_000, {"clip_range": 0.05}),
+    "acrobot_clip_0.015": ("Acrobot-v1", 3, 60_000, {"clip_range": 0.015}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
