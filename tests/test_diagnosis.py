@@ -138,6 +138,34 @@ def test_clip_low_needs_kl_corroboration():
     assert [f.severity for f in d.by_detector("clip_low")] == ["warning"]
 
 
+def test_the_effective_clip_range_matches_the_setting_it_came_from():
+    from registry.analysis.diagnosis.detectors.constraint import _effective_clip_range
+    # Draw per-sample log-ratios as a PPO epoch would see them and clip them at a known eps:
+    # the estimate from (clip fraction, k3 KL) recovers eps.
+    rng = _rng(5)
+    for eps, sigma in ((0.2, 0.08), (0.03, 0.02), (0.05, 0.03)):
+        r = rng.normal(0, sigma, 200_000)
+        ratio = np.exp(r)
+        clip_fraction = np.mean(np.abs(ratio - 1) > eps)
+        k3 = np.mean(ratio - 1 - r)
+        est = _effective_clip_range(np.array([clip_fraction]), np.array([k3]))[0]
+        assert est == pytest.approx(eps, rel=0.15), (eps, est)
+    assert np.isnan(_effective_clip_range(np.array([0.0, 0.1]), np.array([1e-3, -1e-4]))).all()
+
+
+def test_an_ordinary_clip_fraction_with_a_tiny_kl_is_a_narrow_clip_range():
+    rng = _rng(6)
+    n = 60
+    clip = np.clip(0.11 + rng.normal(0, 0.01, n), 0, 1)            # inside 0.05-0.3
+    tiny_kl = 2.2e-4 * np.exp(rng.normal(0, 0.1, n))
+    f = diagnose({"clip_fraction": _c(clip), "kl_old_mean": _c(tiny_kl)}, INFOS).by_detector("clip_high")
+    assert f and f[0].severity == "warning" and "clip range of about 0.03" in f[0].title
+    assert 0.025 < f[0].evidence["effective_clip_range"] < 0.04
+    # the same clip fraction with a healthy KL is an ordinary update
+    healthy_kl = 0.02 * np.exp(rng.normal(0, 0.1, n))
+    assert not diagnose({"clip_fraction": _c(clip), "kl_old_mean": _c(healthy_kl)}, INFOS).by_detector("clip_high")
+
+
 def test_entropy_cliff_versus_gentle_decline():
     rng = _rng(4)
     n = 200

@@ -157,6 +157,9 @@ class DiagnosisSettings:
     clip_single_factor: float = 1.5
     #: "Persistently low" needs this fraction of the run's points.
     clip_low_min_frac: float = 0.25
+    #: PPO's clip range when the run does not say its framework's default: 0.2, the default of every
+    #: framework in ``hyperparams.FRAMEWORK_DEFAULTS`` (SB3, CleanRL, TRL, verl; sources there).
+    usual_clip_range: float = 0.2
     #: "Too conservative" needs KL to the old policy below its healthy low, or (no low in its
     #: definition) below this fraction of its healthy high.
     kl_conservative_frac: float = 0.01

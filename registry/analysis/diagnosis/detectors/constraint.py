@@ -2,10 +2,14 @@
 a value loss that stops learning, a policy loss that keeps growing."""
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.signal import (
+    Series,
     mad_sigma,
     merge_close,
     rank_corr,
@@ -155,7 +159,66 @@ def detect_clip_high(ctx: Context) -> list[Finding]:
             check=["KL and entropy at and right after this step"],
             action="lower the learning rate; if it recurs, use fewer epochs per rollout",
             detected_at=sr.step(a), related=["kl_old_mean"]))
+    found += _clipped_small_steps(ctx, name, sr, covered)
     return top(found, ctx, "points")
+
+
+def _effective_clip_range(clip_fraction: np.ndarray, kl: np.ndarray) -> np.ndarray:
+    """The ratio bound that clips ``clip_fraction`` of the samples of an update whose KL to the old
+    policy is ``kl``: NaN where either says nothing.
+
+    For a small step the per-sample log-ratio r has mean ~0 and KL ~ E[r^2] / 2 (k1 in
+    expectation, k2 and k3 per sample), so r spreads with sigma ~ sqrt(2 KL); if a share c of
+    samples leaves [1 - eps, 1 + eps], then eps ~ sigma * z(1 - c / 2) (z the normal quantile).
+    Healthy SB3 runs give about 0.2 (their clip_range); a run set to 0.03 gives about 0.03.
+    """
+    z = NormalDist().inv_cdf
+    out = np.full(clip_fraction.shape, np.nan)
+    for i, (c, k) in enumerate(zip(clip_fraction, kl)):
+        if 0 < c < 1 and k > 0:
+            out[i] = math.sqrt(2 * k) * z(1 - c / 2)
+    return out
+
+
+def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarray) -> list[Finding]:
+    """Updates clipped although the policy barely moves: the clip fraction is in its range (or above it)
+    while the KL is so small that only a narrow bound can clip that many samples. A clip fraction
+    alone cannot show this (0.11 is ordinary), nor a KL alone (a small KL is also a slow learning
+    rate); together they give the clip range the run effectively trains with."""
+    kl_name = ctx.first("kl_update")
+    low, _ = ctx.range(name)
+    if kl_name is None or low is None:
+        return []
+    st = ctx.s
+    kl = ctx.series(kl_name)
+    n = sr.n
+    L = max(ctx.persist(n), int(np.ceil(st.clip_low_min_frac * n)))
+    if n < L + 2:
+        return []
+    cf = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
+    kls = np.interp(sr.steps, kl.steps, rolling_median(kl.y, max(1, ctx.window(kl_name, kl)), "centered"))
+    eps = _effective_clip_range(cf, kls)
+    setting = ctx.hp.get("clip_range") if ctx.hp is not None else None
+    usual = setting.default if setting is not None and setting.default else st.usual_clip_range
+    narrow = usual / st.cause_setting_factor
+    found = []
+    with np.errstate(invalid="ignore"):
+        cond = (cf >= low) & (eps < narrow) & ~covered
+    for a, b in runs(cond, L):
+        e, c = float(np.nanmedian(eps[a:b + 1])), float(np.median(sr.y[a:b + 1]))
+        k = ctx.median_between(kl_name, sr.step(a), sr.step_end(b))
+        found.append(ctx.finding(
+            "clip_high", name, sr.step(a), sr.step_end(b), "warning",
+            f"updates clipped although the policy barely moves: clip fraction {c:.3g} with KL {k:.2g} means a "
+            f"clip range of about {e:.2g}, {usual / e:.0f}x narrower than the usual {usual:g}, "
+            f"for {(b - a + 1) * sr.bin_size} points",
+            evidence={"median": c, "kl_median": k, "effective_clip_range": e, "usual_clip_range": usual,
+                      "points": (b - a + 1) * sr.bin_size},
+            causes=["the clip range is too small: ordinary updates leave [1 - eps, 1 + eps] and stop there"],
+            check=["the clip range setting", "learning rate (is the step small because of it?)"],
+            action=f"raise the clip range towards {usual:g}",
+            detected_at=sr.step(min(a + L - 1, n - 1)), related=[kl_name, "clip_range"]))
+    return found
 
 
 def detect_clip_low(ctx: Context) -> list[Finding]:
