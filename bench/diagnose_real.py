@@ -4,9 +4,11 @@ The runs are in ``tests/data/real/sb3_sweep/<run>/`` (event file + params.json, 
 ``bench/real_runs/make_sb3_sweep.py``); ``labels.yaml`` there says, per run, what its curves
 show (healthy, or the problems seen, each with the detectors that count as finding it and
 the steps it spans), the cause, and the observation the label was read from; ``split.yaml``
-says which runs were used for tuning and which are held out (fixed before tuning).
+says which runs were used for tuning and which are held out, in batches each placed there
+before it was trained (``held_out``, ``held_out_2``, ...; its comments say which diagnosis change
+each batch measured).
 
-Printed separately for the tuning and the held-out part:
+Printed separately for the tuning part, each held-out batch and all held-out runs together:
 
 * detection recall: labelled problems found by a finding of severity warning or above, of
   one of the problem's detectors, overlapping its steps;
@@ -48,10 +50,11 @@ TARGET_CAUSE = 0.9
 
 
 def load_set(root: Path) -> tuple[dict, dict]:
+    """The labels, and each run's part of ``split.yaml``: ``tuning``, then the held-out batches in
+    the order they were added (``held_out``, ``held_out_2``, ...)."""
     labels = yaml.safe_load((root / "labels.yaml").read_text())["runs"]
     split = yaml.safe_load((root / "split.yaml").read_text())
-    part = {name: "tuning" for name in split["tuning"]}
-    part.update({name: "held_out" for name in split["held_out"]})
+    part = {name: p for p, names in split.items() for name in names}
     return labels, part
 
 
@@ -76,7 +79,8 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
         if lab["label"] == "healthy":
             healthy_of_env[lab["env"]].append(name)
     stats: dict[str, dict] = {p: defaultdict(float) | {"misses": [], "false_alarms": [], "wrong_causes": [],
-                                                        "fp": [], "rows": [], "borderline": []} for p in ("tuning", "held_out")}
+                                                        "fp": [], "rows": [], "borderline": []}
+                            for p in dict.fromkeys(part.values())}
     for name in sorted(labels):
         lab = labels[name]
         if name not in part:
@@ -149,6 +153,16 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
     return stats
 
 
+def _sum_parts(parts: list[dict]) -> dict:
+    total: dict = defaultdict(float) | {k: [] for k in ("misses", "false_alarms", "wrong_causes", "fp", "rows",
+                                                        "borderline")}
+    for st in parts:
+        for k, v in st.items():
+            total[k] = total[k] + v
+    total.update(rows=[], misses=[], false_alarms=[], wrong_causes=[], fp=[], borderline=[])
+    return total
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f} ({a:.0f}/{b:.0f})" if b else "n/a (0/0)"
 
@@ -161,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     stats = evaluate(args.runs, args.verbose)
     missed = []
     print(f"\nreal SB3 PPO sweep: {args.runs}")
-    for p in ("tuning", "held_out"):
-        st = stats[p]
+    held_out = [p for p in stats if p != "tuning"]
+    for p in [*stats, "all held-out"]:
+        st = stats[p] if p in stats else _sum_parts([stats[q] for q in held_out])
         print(f"\n[{p}] {st['problem_runs']:.0f} problem runs ({st['problems']:.0f} labelled problems), "
               f"{st['healthy_runs']:.0f} healthy runs")
         print(f"  detection recall     {_ratio(st['found'], st['problems'])}")

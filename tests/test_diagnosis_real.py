@@ -26,8 +26,11 @@ PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem
 #: Held-out problems the diagnosis misses (reported by bench/diagnose_real.py); strict, so a fix shows.
 HEALTHY_ACROBOT = sorted(n for n, lab in LABELS.items() if lab["env"] == "Acrobot-v1" and lab["label"] == "healthy")
 #: Held-out problems the diagnosis misses without a baseline (reported by bench/diagnose_real.py);
-#: strict, so a fix shows.
-KNOWN_MISSES: dict[str, str] = {}
+#: strict, so a fix shows. Found once the task has a baseline of its healthy runs.
+KNOWN_MISSES = {
+    "acrobot_clip_0.05": "a late rise to -319 (entropy down to 85% of its start) is not judged flat without a "
+                         "task range or baseline; its narrow-clip signature is found and names clip_range_small",
+}
 BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")
 
 
@@ -110,7 +113,7 @@ def test_healthy_runs_are_healthy_with_and_without_a_baseline_of_the_other_healt
 
 
 def test_a_baseline_of_the_tasks_healthy_runs_finds_what_the_dictionary_alone_misses(registry):
-    """Acrobot has no task range in the dictionary; its three healthy runs make one. The problems
+    """Acrobot has no task range in the dictionary; its healthy runs make one. The problems
     missed without it are then found with the labelled cause, and the healthy runs stay healthy."""
     for name in HEALTHY_ACROBOT:
         d = diagnose_run(registry, name, use_baseline=False)
