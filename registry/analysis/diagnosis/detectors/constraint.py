@@ -206,7 +206,7 @@ def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarra
         cond = (cf >= low) & (eps < narrow) & ~covered
     for a, b in runs(cond, L):
         e, c = float(np.nanmedian(eps[a:b + 1])), float(np.median(sr.y[a:b + 1]))
-        k = ctx.median_between(kl_name, sr.step(a), sr.step_end(b))
+        k = float(np.median(kls[a:b + 1]))  # the KL at the clip fraction's steps, wherever it was logged
         found.append(ctx.finding(
             "clip_high", name, sr.step(a), sr.step_end(b), "warning",
             f"updates clipped although the policy barely moves: clip fraction {c:.3g} with KL {k:.2g} means a "
