@@ -77,6 +77,16 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_clip_0.05": ("Acrobot-v1", 3, 60_000, {"clip_range": 0.05}),
     "cartpole_clip_0.05": ("CartPole-v1", 3, 60_000, {"clip_range": 0.05}),
     "acrobot_clip_0.015": ("Acrobot-v1", 3, 60_000, {"clip_range": 0.015}),
+    # A fourth held-out batch, placed before training after the third batch: more healthy seeds
+    # (the baseline false alarm of a slow-starting healthy seed), and learning-rate, entropy-bonus
+    # and clip-range settings between those seen so far.
+    "acrobot_default_s6": ("Acrobot-v1", 6, 60_000, {}),
+    "acrobot_default_s7": ("Acrobot-v1", 7, 60_000, {}),
+    "cartpole_default_s7": ("CartPole-v1", 7, 60_000, {}),
+    "acrobot_ent_0.2": ("Acrobot-v1", 4, 60_000, {"ent_coef": 0.2}),
+    "acrobot_lr_3e-5": ("Acrobot-v1", 4, 60_000, {"learning_rate": 3e-5}),
+    "cartpole_clip_0.03": ("CartPole-v1", 4, 60_000, {"clip_range": 0.03}),
+    "cartpole_lr_1e-5": ("CartPole-v1", 4, 60_000, {"learning_rate": 1e-5}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
