@@ -60,6 +60,49 @@ def test_healthy_run_passes_its_baseline_and_an_anomalous_one_deviates():
     assert layers.index("comparison") > max(i for i, l in enumerate(layers) if l in ("diagnostic", "constraint"))
 
 
+def _control_run(seed, delay=0, ceiling=500.0, kl=0.005):
+    """A CartPole-like run: return rising to ``ceiling`` after ``delay`` steps, its KL to the old policy."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, 60) * 1024
+    t = np.clip(steps - delay, 0, None)
+    ret = 20 + (ceiling - 20) * (1 - np.exp(-t / 12000)) + rng.normal(0, 4, steps.size)
+    return {"episode_return_mean": Curve(steps, ret),
+            "kl_old_mean": Curve(steps, kl * np.exp(rng.normal(0, 0.1, steps.size)))}
+
+
+def test_a_late_band_is_learned_and_read_back():
+    prof = build_baseline("CartPole-v1", [_control_run(s) for s in range(4)])
+    late = prof.metrics["episode_return_mean"].late
+    assert prof.late_start_step == 51 * 1024 and late.low > 450   # point floor(0.85 * 59) = 50, 0-based
+    back = BaselineProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back.late_start_step == prof.late_start_step and back.metrics["episode_return_mean"].late == late
+    # a profile stored before the late phase existed reads back without one, and is used without one
+    old = prof.to_dict()
+    del old["late_start_step"]
+    for m in old["metrics"].values():
+        del m["late"]
+    assert BaselineProfile.from_dict(old).phase_bounds("late") is None
+
+
+def test_a_slow_start_that_caught_up_is_information_and_one_that_did_not_is_a_warning():
+    prof = build_baseline("CartPole-v1", [_control_run(s) for s in range(4)])
+    infos = default_metric_infos("CartPole-v1")
+
+    def deviations(run):
+        return {(f.evidence and f.title.split()[0], f.metric): f for f in diagnose(run, infos, baseline=prof).findings
+                if f.detector == "baseline_deviation"}
+
+    caught_up = deviations(_control_run(10, delay=15000))
+    mid = caught_up[("mid", "episode_return_mean")]
+    assert mid.severity == "info" and "ended level with the healthy runs" in mid.notes[-1]
+    stalled = deviations(_control_run(11, delay=15000, ceiling=250))
+    assert stalled[("mid", "episode_return_mean")].severity == "warning"
+    assert stalled[("late", "episode_return_mean")].severity == "warning"
+    # a reward that ended above the healthy runs is not "level": a KL far off stays a warning
+    hacked = deviations(_control_run(12, ceiling=900, kl=0.05))
+    assert hacked[("mid", "kl_old_mean")].severity == "warning"
+
+
 def test_edited_warning_text_is_used():
     healthy = _runs("healthy", range(4))
     data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()

@@ -435,6 +435,7 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     table = section(page, "baseline")
     row = re.search(r'<tr id="metric-kl_old_mean".*?</tr>', table, re.DOTALL).group(0)
     assert re.search(r'class="nowrap early"><span class="band-range">[0-9.e-]+ &ndash; [0-9.e-]+</span>', row)
+    assert re.search(r'class="nowrap late"><span class="band-range">[0-9.e-]+ &ndash; [0-9.e-]+</span>', row)
     assert "kl_old_mean outside the band of 1 healthy CartPole-v1 run(s)" in row
     assert f'href="/runs/{healthy}">cartpole_healthy_s0</a>' in table  # source runs
     assert "last change by <strong>Ada</strong>" in page
@@ -463,6 +464,14 @@ def test_baseline_page_builds_from_a_healthy_run_and_records_a_band_edit(fresh):
     assert api["metrics"]["kl_old_mean"]["mid"]["high"] == 0.03 and api["updated_by"] == "Grace"
     assert [h["action"] for h in api["history"]] == ["build", "edit"]
     assert api["history"][1]["changes"]["mid"][1][1] == 0.03
+    # The late band (where the healthy runs ended) is edited the same way.
+    edit = text(c.get("/baselines/CartPole-v1/metrics/kl_old_mean/edit"))
+    assert re.search(r"<legend>Late <span[^>]*>from step [0-9,]+ to the end", edit)
+    late = dict(good, late_low="0.001", late_high="0.02", note="late steps stay small")
+    assert c.post("/baselines/CartPole-v1/metrics/kl_old_mean/edit", data=late).status_code == 302
+    api = c.get("/api/baselines/CartPole-v1").get_json()
+    assert api["metrics"]["kl_old_mean"]["late"]["high"] == 0.02 and api["history"][-1]["changes"]["late"][1] == \
+        [0.001, 0.02]
     # The diagnosis of the task's runs now compares with it: the dashboard says so, the column follows.
     dash = text(c.get(f"/runs/{bad}"))
     assert "compared with baseline of CartPole-v1" in dash

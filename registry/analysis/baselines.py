@@ -13,7 +13,7 @@ from registry.analysis.diagnosis import (
     build_baseline,
     metric_infos_from_definitions,
 )
-from registry.analysis.diagnosis.baseline import MIN_HEALTHY_RUNS, PhaseBand
+from registry.analysis.diagnosis.baseline import MIN_HEALTHY_RUNS, PHASES, PhaseBand
 from registry.analysis.diagnosis.hyperparams import settings_for_baseline
 from registry.core.errors import InputError, NotFoundError
 from registry.db.models import HealthBaseline, Run, utcnow
@@ -97,7 +97,7 @@ def _reapply_edits(profile: BaselineProfile, history: Sequence[Mapping[str, Any]
             continue
         if f == "warning":
             mb.warning = str(value or "")
-        elif f in ("early", "mid"):
+        elif f in PHASES:
             setattr(mb, f, _band_from(value, mb.band(f)))
         if metric not in kept:
             kept.append(metric)
@@ -136,10 +136,11 @@ def save_baseline(registry: Registry, profile: BaselineProfile, source_runs: Seq
 
 def edit_baseline_metric(registry: Registry, task: str, metric: str, *, author: str, note: str = "",
                          early: Sequence[float] | None | str = "keep", mid: Sequence[float] | None | str = "keep",
+                         late: Sequence[float] | None | str = "keep",
                          warning: str | None = None) -> dict[str, Any] | None:
     """Tune one metric's bands by hand; returns the history entry, or None when nothing changed.
 
-    ``early`` / ``mid``: ``(low, high)``, None to remove the band, or ``"keep"``.
+    ``early`` / ``mid`` / ``late``: ``(low, high)``, None to remove the band, or ``"keep"``.
     """
     changes: dict[str, list[Any]] = {}
     with registry.transaction() as session:
@@ -150,7 +151,7 @@ def edit_baseline_metric(registry: Registry, task: str, metric: str, *, author: 
         mb = profile.metrics.get(metric)
         if mb is None:
             raise NotFoundError(f"the {task} baseline has no metric {metric!r}")
-        for phase, value in (("early", early), ("mid", mid)):
+        for phase, value in (("early", early), ("mid", mid), ("late", late)):
             if isinstance(value, str):
                 continue
             if value is not None:

@@ -185,7 +185,7 @@ def baseline_build(ctx: click.Context, task: str, runs: tuple[str, ...], author:
 @json_option
 @click.pass_context
 def baseline_show(ctx: click.Context, task: str, as_json: bool) -> None:
-    """The baseline table: metric, early range, mid range, warning signal."""
+    """The baseline table: metric, early, mid and late ranges, warning signal."""
     from registry.analysis.baselines import require_baseline
 
     profile, meta = require_baseline(open_from(ctx.find_root()), task)
@@ -194,10 +194,11 @@ def baseline_show(ctx: click.Context, task: str, as_json: bool) -> None:
         return
     table = Table(title=f"baseline {task}: {profile.n_runs} run(s), updated {meta['updated_at'][:19]} by "
                         f"{meta['updated_by']}", title_justify="left")
+    late = "late (not learned)" if profile.late_start_step is None else f"late (from step {profile.late_start_step})"
     for col in ("metric", f"early (<= step {profile.early_end_step})",
-                f"mid (steps {profile.mid_start_step}-{profile.mid_end_step})", "warning signal"):
+                f"mid (steps {profile.mid_start_step}-{profile.mid_end_step})", late, "warning signal"):
         table.add_column(col, overflow="fold")
     band = lambda b: "" if b is None else f"{b.low:.4g} .. {b.high:.4g} (median {b.median:.4g})"  # noqa: E731
     for name, m in profile.metrics.items():
-        table.add_row(name, band(m.early), band(m.mid), m.warning)
+        table.add_row(name, band(m.early), band(m.mid), band(m.late), m.warning)
     console.print(table)

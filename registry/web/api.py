@@ -206,7 +206,7 @@ def baselines() -> Response:
 
 @bp.get("/baselines/<path:task>")
 def baseline(task: str) -> Response:
-    """A task's health baseline: per metric the early and mid bands and the warning signal."""
+    """A task's health baseline: per metric the early, mid and late bands and the warning signal."""
     reg = get_registry()
     profile, meta = require_baseline(reg, task)
     return jsonify(clean({**profile.to_dict(), **meta, "history": baseline_history(reg, task)}))

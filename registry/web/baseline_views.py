@@ -21,6 +21,7 @@ from registry.web.security import admin_access_required, current_user
 from registry.web.forms import choice
 from registry.analysis.baselines import (baseline_history, build_task_baseline, edit_baseline_metric, edited_metrics,
                                          healthy_runs, list_baselines, require_baseline)
+from registry.analysis.diagnosis.baseline import PHASES
 from registry.store.filters import quote_string
 from registry.db.models import Run
 
@@ -56,6 +57,8 @@ class BandEditForm(FlaskForm):
     early_high = FloatField("Early: high", validators=[Optional()])
     mid_low = FloatField("Mid: low", validators=[Optional()])
     mid_high = FloatField("Mid: high", validators=[Optional()])
+    late_low = FloatField("Late: low", validators=[Optional()])
+    late_high = FloatField("Late: high", validators=[Optional()])
     warning = TextAreaField("Warning signal", validators=[Optional(), Length(max=2000)],
                             description="What it means when a run leaves the band")
     author = StringField("Your name", validators=[Optional(), Length(max=200)],
@@ -64,7 +67,7 @@ class BandEditForm(FlaskForm):
 
     def validate(self, extra_validators: Any = None) -> bool:
         ok = super().validate(extra_validators)
-        for phase in ("early", "mid"):
+        for phase in PHASES:
             low, high = getattr(self, f"{phase}_low"), getattr(self, f"{phase}_high")
             for f in (low, high):
                 try:
@@ -140,7 +143,7 @@ def _baseline_page(task: str, build_form: BaselineBuildForm | None = None, statu
         for name, mb in sorted(profile.metrics.items(), key=lambda kv: (
                 LAYERS.index(defs[kv[0]]["layer"]) if kv[0] in defs and defs[kv[0]]["layer"] in LAYERS else 9,
                 kv[0])):
-            metrics.append({"name": name, "early": mb.early, "mid": mb.mid, "warning": mb.warning,
+            metrics.append({"name": name, "early": mb.early, "mid": mb.mid, "late": mb.late, "warning": mb.warning,
                             "n_runs": mb.n_runs, "definition": defs.get(name), "edited": edited.get(name)})
     return render_template(
         "baseline.html", task=task, profile=profile, meta=meta, metrics=metrics, sources=sources, form=form,
@@ -157,7 +160,7 @@ def baselines():
 
 @bp.get("/baselines/<path:task>")
 def baseline(task: str):
-    """A task's health baseline: metric, early band, mid band, warning signal; sources; build form."""
+    """A task's health baseline: metric, early, mid and late bands, warning signal; sources; build form."""
     return _baseline_page(task)
 
 
@@ -184,7 +187,7 @@ def baseline_build(task: str):
 @bp.route("/baselines/<path:task>/metrics/<metric>/edit", methods=["GET", "POST"])
 @admin_access_required
 def baseline_edit(task: str, metric: str):
-    """Tune one metric's early and mid bands (and its warning text) by hand."""
+    """Tune one metric's early, mid and late bands (and its warning text) by hand."""
     reg = get_registry()
     profile, meta = require_baseline(reg, task)
     mb = profile.metrics.get(metric)
@@ -193,10 +196,8 @@ def baseline_edit(task: str, metric: str):
     if request.method == "POST":
         form = BandEditForm()
     else:
-        form = BandEditForm(early_low=mb.early.low if mb.early else None,
-                            early_high=mb.early.high if mb.early else None,
-                            mid_low=mb.mid.low if mb.mid else None, mid_high=mb.mid.high if mb.mid else None,
-                            warning=mb.warning)
+        form = BandEditForm(**{f"{p}_{end}": getattr(b, end) if (b := mb.band(p)) else None
+                               for p in PHASES for end in ("low", "high")}, warning=mb.warning)
     error = None
     if form.validate_on_submit():
         author = _author(form)
@@ -205,7 +206,7 @@ def baseline_edit(task: str, metric: str):
         else:
             try:
                 entry = edit_baseline_metric(reg, task, metric, author=author, note=(form.note.data or "").strip(),
-                                             early=form.band("early"), mid=form.band("mid"),
+                                             early=form.band("early"), mid=form.band("mid"), late=form.band("late"),
                                              warning=(form.warning.data or "").replace("\r\n", "\n"))
             except InputError as exc:
                 error = str(exc)

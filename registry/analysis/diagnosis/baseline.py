@@ -1,4 +1,4 @@
-"""Health baselines: what a metric looks like early and mid training in healthy runs.
+"""Health baselines: what a metric looks like early, mid and late in training in healthy runs.
 
 Phase rule (documented, and recorded in every profile as ``rule``):
 
@@ -7,6 +7,9 @@ Phase rule (documented, and recorded in every profile as ``rule``):
   first 150 points of a long run (the "first 100-200 steps" of an LLM run logged every
   step) and the first ~15% of a short one (8 of SB3's 48-49 rollouts).
 * **mid** = the points between ``mid_frac[0]`` and ``mid_frac[1]`` of the run (35%-65%).
+* **late** = the points from ``late_frac`` of the run to its end (the last 15%): where the
+  healthy runs ended. A run compared there has trained as far as they did; a run still
+  training is not compared there yet.
 
 Each healthy run's phase boundaries are turned into steps, and the profile keeps the
 median boundary over runs, so a run being checked (possibly still training) is compared
@@ -29,6 +32,9 @@ from registry.analysis.diagnosis.types import Curve
 
 PROFILE_FORMAT = "rlregistry-baseline"
 PROFILE_VERSION = 1
+#: The phases a profile learns a band for, in training order (profiles stored before the late
+#: phase existed read back without it).
+PHASES = ("early", "mid", "late")
 
 #: Quantities (the definition's ``quantity``) that are settings, schedules, counters or
 #: throughput, not health: a baseline never learns a band for them.
@@ -118,19 +124,22 @@ class MetricBaseline:
     mid: PhaseBand | None
     n_runs: int
     warning: str = ""
+    late: PhaseBand | None = None
 
     def band(self, phase: str) -> PhaseBand | None:
-        return self.early if phase == "early" else self.mid
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+        return getattr(self, phase)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "early": self.early.to_dict() if self.early else None,
-                "mid": self.mid.to_dict() if self.mid else None, "n_runs": self.n_runs, "warning": self.warning}
+        return {"metric": self.metric, **{p: b.to_dict() if (b := self.band(p)) else None for p in PHASES},
+                "n_runs": self.n_runs, "warning": self.warning}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "MetricBaseline":
-        return cls(str(d["metric"]), PhaseBand.from_dict(d["early"]) if d.get("early") else None,
-                   PhaseBand.from_dict(d["mid"]) if d.get("mid") else None, int(d.get("n_runs", 0)),
-                   str(d.get("warning") or ""))
+        bands = {p: PhaseBand.from_dict(d[p]) if d.get(p) else None for p in PHASES}
+        return cls(str(d["metric"]), bands["early"], bands["mid"], int(d.get("n_runs", 0)),
+                   str(d.get("warning") or ""), bands["late"])
 
 
 @dataclass
@@ -146,6 +155,8 @@ class BaselineProfile:
     rule: dict[str, Any] = field(default_factory=dict)
     #: knob -> the healthy runs' values of that hyper-parameter (see registry.analysis.diagnosis.hyperparams).
     hyperparams: dict[str, list[float]] = field(default_factory=dict)
+    #: First step of the late phase (None: a profile stored before the late phase existed).
+    late_start_step: int | None = None
 
     @property
     def weak(self) -> bool:
@@ -154,7 +165,7 @@ class BaselineProfile:
     def to_dict(self) -> dict[str, Any]:
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "task": self.task, "n_runs": self.n_runs,
                 "early_end_step": self.early_end_step, "mid_start_step": self.mid_start_step,
-                "mid_end_step": self.mid_end_step, "rule": dict(self.rule),
+                "mid_end_step": self.mid_end_step, "late_start_step": self.late_start_step, "rule": dict(self.rule),
                 "metrics": {k: v.to_dict() for k, v in sorted(self.metrics.items())},
                 "hyperparams": {k: list(v) for k, v in sorted(self.hyperparams.items())},
                 "strength": baseline_strength(self)}
@@ -166,12 +177,16 @@ class BaselineProfile:
         return cls(task=str(d["task"]), metrics={k: MetricBaseline.from_dict(v) for k, v in d["metrics"].items()},
                    early_end_step=int(d["early_end_step"]), mid_start_step=int(d["mid_start_step"]),
                    mid_end_step=int(d["mid_end_step"]), n_runs=int(d.get("n_runs", 0)), rule=dict(d.get("rule") or {}),
-                   hyperparams={k: [float(x) for x in v] for k, v in (d.get("hyperparams") or {}).items()})
+                   hyperparams={k: [float(x) for x in v] for k, v in (d.get("hyperparams") or {}).items()},
+                   late_start_step=int(d["late_start_step"]) if d.get("late_start_step") is not None else None)
 
-    def phase_bounds(self, phase: str) -> tuple[int, int]:
+    def phase_bounds(self, phase: str) -> tuple[int, int] | None:
+        """The phase's (first, last) step; None for a late phase the profile does not have."""
         if phase == "early":
             return -2**62, self.early_end_step
-        return self.mid_start_step, self.mid_end_step
+        if phase == "mid":
+            return self.mid_start_step, self.mid_end_step
+        return None if self.late_start_step is None else (self.late_start_step, 2**62)
 
 
 def _run_steps(run: Mapping[str, Curve]) -> np.ndarray:
@@ -180,10 +195,10 @@ def _run_steps(run: Mapping[str, Curve]) -> np.ndarray:
 
 
 def build_baseline(task: str, runs: Sequence[Mapping[str, Curve]], *, early_points: int = 150,
-                   early_frac: float = 0.15, mid_frac: tuple[float, float] = (0.35, 0.65),
+                   early_frac: float = 0.15, mid_frac: tuple[float, float] = (0.35, 0.65), late_frac: float = 0.85,
                    quantiles: tuple[float, float] = (0.05, 0.95), infos: Mapping[str, Any] | None = None,
                    hyperparams: Mapping[str, Sequence[float]] | None = None) -> BaselineProfile:
-    """Learn per canonical *health* metric the early and mid bands from healthy ``runs``.
+    """Learn per canonical *health* metric the early, mid and late bands from healthy ``runs``.
 
     ``infos`` (name -> MetricInfo) tells settings, schedules, counters and throughput apart
     from health metrics (by the definition's quantity; by name without it): those get no band.
@@ -199,17 +214,19 @@ def build_baseline(task: str, runs: Sequence[Mapping[str, Curve]], *, early_poin
         e = int(min(n, max(3, min(early_points, int(np.ceil(early_frac * n))))))
         m0 = int(min(n - 1, max(e, int(np.floor(mid_frac[0] * n)))))
         m1 = int(min(n - 1, max(m0, int(np.ceil(mid_frac[1] * n)) - 1)))
-        bounds.append((int(steps[e - 1]), int(steps[m0]), int(steps[m1])))
+        l0 = int(min(n - 1, max(m1 + 1, int(np.floor(late_frac * n)))))
+        bounds.append((int(steps[e - 1]), int(steps[m0]), int(steps[m1]), int(steps[l0])))
     if not bounds:
         raise ValueError("build_baseline needs at least one run with 3 or more logged steps")
     b = np.median(np.asarray(bounds, dtype=np.float64), axis=0)
-    early_end, mid_start, mid_end = int(b[0]), int(b[1]), int(b[2])
+    early_end, mid_start, mid_end, late_start = int(b[0]), int(b[1]), int(b[2]), int(b[3])
     names = sorted({k for run in runs for k in run if is_health_metric(k, (infos or {}).get(k))})
     metrics: dict[str, MetricBaseline] = {}
     for name in names:
         bands: dict[str, PhaseBand | None] = {}
         used = 0
-        for phase, (lo, hi) in (("early", (-2**62, early_end)), ("mid", (mid_start, mid_end))):
+        for phase, (lo, hi) in (("early", (-2**62, early_end)), ("mid", (mid_start, mid_end)),
+                                ("late", (late_start, 2**62))):
             chunks = []
             noises = []
             for run in runs:
@@ -229,16 +246,17 @@ def build_baseline(task: str, runs: Sequence[Mapping[str, Curve]], *, early_poin
             ql, qh = np.quantile(v, quantiles)
             bands[phase] = PhaseBand(float(ql), float(qh), float(np.median(v)), int(v.size),
                                      float(np.median(noises)) if noises else 0.0)
-        if bands.get("early") is None and bands.get("mid") is None:
+        if all(bands.get(p) is None for p in PHASES):
             continue
         warning = (f"{name} outside the band of {used} healthy {task} run(s): "
                    f"above means {_hint(name, True)}; below means {_hint(name, False)}")
-        metrics[name] = MetricBaseline(name, bands.get("early"), bands.get("mid"), used, warning)
+        metrics[name] = MetricBaseline(name, bands.get("early"), bands.get("mid"), used, warning, bands.get("late"))
     rule = {"early_points": early_points, "early_frac": early_frac, "mid_frac": list(mid_frac),
-            "quantiles": list(quantiles),
+            "late_frac": late_frac, "quantiles": list(quantiles),
             "text": f"early = first min({early_points}, {early_frac:.0%} of points) logged points; "
-                    f"mid = {mid_frac[0]:.0%}-{mid_frac[1]:.0%} of the run; band = pooled "
-                    f"{quantiles[0]:.0%}-{quantiles[1]:.0%} quantiles of healthy runs"}
+                    f"mid = {mid_frac[0]:.0%}-{mid_frac[1]:.0%} of the run; late = from {late_frac:.0%} of the run "
+                    f"to its end; band = pooled {quantiles[0]:.0%}-{quantiles[1]:.0%} quantiles of healthy runs"}
     return BaselineProfile(task=task, metrics=metrics, early_end_step=early_end, mid_start_step=mid_start,
                            mid_end_step=mid_end, n_runs=len(bounds), rule=rule,
-                           hyperparams={k: [float(x) for x in v] for k, v in (hyperparams or {}).items()})
+                           hyperparams={k: [float(x) for x in v] for k, v in (hyperparams or {}).items()},
+                           late_start_step=late_start)

@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from registry.analysis.diagnosis.baseline import BaselineProfile, baseline_strength, is_health_metric
+from registry.analysis.diagnosis.baseline import PHASES, BaselineProfile, baseline_strength, is_health_metric
 from registry.analysis.diagnosis.causes import (
     NAMED_SUPPORT,
     RANK_ORDER,
@@ -119,22 +119,20 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
     weak = profile.n_runs < st.baseline_min_runs
     strength = baseline_strength(profile)
     differing = [s for s in ctx.hp.settings.values() if _differs(s, st.cause_setting_factor)]
+    caught_up = _ended_level_with_healthy_runs(ctx, profile)
     for name, mb in sorted(profile.metrics.items()):
         if ctx.series(name) is None or not is_health_metric(name, ctx.metrics.get(name)):
             continue
-        for phase in ("early", "mid"):
-            band = mb.band(phase)
-            if band is None:
+        for phase in PHASES:
+            band, bounds = mb.band(phase), profile.phase_bounds(phase)
+            if band is None or bounds is None:
                 continue
-            lo_step, hi_step = profile.phase_bounds(phase)
+            lo_step, hi_step = bounds
             v = ctx.values_between(name, lo_step, hi_step)
             if v.size < st.baseline_min_points:
                 continue
             med = float(np.median(v))
-            # The band's width, floored by the healthy runs' own logging noise (a band of a
-            # saturated metric has zero width; a deviation must still be finite and readable).
-            width = max(band.high - band.low, st.baseline_noise_floor * band.noise,
-                        st.baseline_rel_floor * max(abs(band.median), abs(med)), 1e-12)
+            width = _band_width(st, band, med)
             margin = st.baseline_margin * width
             if band.low - margin <= med <= band.high + margin:
                 continue
@@ -144,6 +142,9 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
             hib = ctx.info(name).higher_is_better
             if hib is not None and above == hib:
                 sev = "info"                     # better than history is not a problem
+            slow_start = caught_up is not None and phase != "late"
+            if slow_start:
+                sev = "info"                     # a different path to the same end, not a failure
             sr = ctx.series(name)
             start = max(int(sr.raw_steps[0]), lo_step)
             end = min(int(sr.raw_steps[-1]), hi_step)
@@ -167,8 +168,40 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
             f.likely_causes = [c.text for c in f.causes]
             if weak:
                 f.notes.append(f"{strength}: too few healthy runs to call a deviation a problem")
+            if slow_start:
+                f.notes.append(f"the run ended level with the healthy runs ({caught_up[1]}): a difference, "
+                               f"not a failure")
             out.append(f)
     return out
+
+
+def _band_width(st: DiagnosisSettings, band: Any, med: float) -> float:
+    """The band's width, floored by the healthy runs' own logging noise (a band of a saturated
+    metric has zero width; a deviation must still be finite and readable)."""
+    return max(band.high - band.low, st.baseline_noise_floor * band.noise,
+               st.baseline_rel_floor * max(abs(band.median), abs(med)), 1e-12)
+
+
+def _ended_level_with_healthy_runs(ctx: Context, profile: BaselineProfile) -> tuple[str, str] | None:
+    """(reward metric, how it ended) when the run's reward ended level with the healthy runs': in
+    their late band, or outside it by less than a warning's distance. None when it did not, when
+    the run has not trained as far, or when the profile has no late band. Such a run's early and
+    mid deviations (a slow start, a different path) are not a failure; its late deviations are
+    judged as always. A reward that ended *above* the healthy runs is not level: with other
+    metrics off (a KL far from the reference), that is how reward hacking looks."""
+    name = ctx.first("reward")
+    mb = profile.metrics.get(name) if name else None
+    band, bounds = (mb.late, profile.phase_bounds("late")) if mb is not None else (None, None)
+    if band is None or bounds is None:
+        return None
+    v = ctx.values_between(name, *bounds)
+    if v.size < ctx.s.baseline_min_points:
+        return None
+    med = float(np.median(v))
+    short = ctx.s.baseline_warning_widths * _band_width(ctx.s, band, med)
+    level = band.low - short < med < band.high + short
+    return (name, f"{name} {med:.4g} in its last phase, healthy runs {band.low:.4g} to {band.high:.4g}") \
+        if level else None
 
 
 def _differs(s: Any, factor: float) -> bool:

@@ -30,7 +30,7 @@ def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: D
                   ) -> dict[str, Any] | None:
     """``{"low", "high", "source"}`` for metric ``name``, or None when nothing gives it a range.
 
-    A baseline's range is its early and mid bands together, widened by
+    A baseline's range is its early, mid and late bands together, widened by
     ``settings.baseline_range_widen`` band widths on each side (the bands are medians of a few
     runs: a run may wander further and still be healthy).
     """
@@ -41,7 +41,8 @@ def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: D
                 or DICTIONARY_SOURCE}
     # A weak baseline (fewer than 3 healthy runs) supplies no ranges: its bands are too narrow a sample.
     if baseline is not None and name in baseline.metrics and not getattr(baseline, "weak", False):
-        bands = [b for b in (baseline.metrics[name].early, baseline.metrics[name].mid) if b]
+        mb = baseline.metrics[name]
+        bands = [b for b in (mb.early, mb.mid, mb.late) if b]
         if bands:
             lo, hi = min(b.low for b in bands), max(b.high for b in bands)
             pad = settings.baseline_range_widen * max(hi - lo, 1e-12)
