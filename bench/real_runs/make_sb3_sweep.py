@@ -87,6 +87,16 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_lr_3e-5": ("Acrobot-v1", 4, 60_000, {"learning_rate": 3e-5}),
     "cartpole_clip_0.03": ("CartPole-v1", 4, 60_000, {"clip_range": 0.03}),
     "cartpole_lr_1e-5": ("CartPole-v1", 4, 60_000, {"learning_rate": 1e-5}),
+    # A fifth held-out batch, placed before training after the fourth batch's figures (two
+    # late-phase baseline false alarms on healthy runs): more healthy seeds, and settings not
+    # tried before.
+    "acrobot_default_s8": ("Acrobot-v1", 8, 60_000, {}),
+    "cartpole_default_s8": ("CartPole-v1", 8, 60_000, {}),
+    "cartpole_default_s9": ("CartPole-v1", 9, 60_000, {}),
+    "acrobot_clip_0.1": ("Acrobot-v1", 5, 60_000, {"clip_range": 0.1}),
+    "cartpole_ent_0.2": ("CartPole-v1", 5, 60_000, {"ent_coef": 0.2}),
+    "cartpole_lr_3e-3": ("CartPole-v1", 5, 60_000, {"learning_rate": 3e-3}),
+    "acrobot_epochs_30": ("Acrobot-v1", 5, 60_000, {"n_epochs": 30}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
