@@ -45,7 +45,8 @@ from registry.importers.run_summary import split_run_summary
 from registry.core.series import DEFAULT_ORDER_POLICY, MAX_KEY_LENGTH, SeriesBuilder, SeriesData, check_batch
 from registry.store.hooks import Hooks
 from registry.store.writes import append_points, bind_key
-from registry.store.reader import CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_to_dict
+from registry.store.reader import (CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_dicts,
+                                   run_to_dict)
 from registry.store.run_binding import binding_context, declared_binding_info, record_binding_warnings, resolve_framework
 from registry.store.run_handle import RunHandle
 from registry.store.run_history import delete_run, editable_state, record_change, record_event
@@ -683,8 +684,7 @@ class Registry:
             page = query.order_by(*keys, Run.id).offset(offset)
             if limit is not None:
                 page = page.limit(limit)
-            page = page.options(selectinload(Run.params), selectinload(Run.tags), selectinload(Run.scores))
-            return [run_to_dict(r) for r in session.scalars(page)], total
+            return run_dicts(session, list(session.scalars(page))), total
 
     def _check_hyperparameters_exist(self, keys: Sequence[str]) -> None:
         """A filter on a hyperparameter no run has is a typo (``lr`` for ``learning_rate``): say so, with
