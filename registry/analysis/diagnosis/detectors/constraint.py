@@ -204,7 +204,8 @@ def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarra
     found = []
     with np.errstate(invalid="ignore"):
         cond = (cf >= low) & (eps < narrow) & ~covered
-    for a, b in runs(cond, L):
+    # a break shorter than a stretch that counts on its own does not split the finding in two
+    for a, b in merge_close(runs(cond, L), L):
         e, c = float(np.nanmedian(eps[a:b + 1])), float(np.median(sr.y[a:b + 1]))
         k = float(np.median(kls[a:b + 1]))  # the KL at the clip fraction's steps, wherever it was logged
         found.append(ctx.finding(
