@@ -103,9 +103,10 @@ def test_a_slow_start_that_caught_up_is_information_and_one_that_did_not_is_a_wa
     # a reward that ended above the healthy runs is not "level": a KL far off stays a warning
     hacked = deviations(_control_run(12, ceiling=900, kl=0.05))
     assert hacked[("mid", "kl_old_mean")].severity == "warning"
-    # in the late phase only the objective is judged; the other metrics' late deviations inform
-    late_kl = hacked[("late", "kl_old_mean")]
-    assert late_kl.severity == "info" and "only the objective is judged" in late_kl.notes[0]
+    assert hacked[("late", "kl_old_mean")].severity == "warning"
+    # a run that ended level is judged in the late phase by its objective: other late deviations inform
+    level_kl = deviations(_control_run(13, kl=0.05))[("late", "kl_old_mean")]
+    assert level_kl.severity == "info" and "only its objective is judged" in level_kl.notes[0]
 
 
 def test_edited_warning_text_is_used():

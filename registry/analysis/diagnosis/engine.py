@@ -145,11 +145,13 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
             slow_start = caught_up is not None and phase != "late"
             if slow_start:
                 sev = "info"                     # a different path to the same end, not a failure
-            settled = phase == "late" and ctx.layer(name) != "objective"
+            settled = caught_up is not None and phase == "late" and ctx.layer(name) != "objective"
             if settled:
-                # Where a run ends is judged by its objective. Near convergence the other metrics
-                # settle into bands too narrow to judge against (a value loss of 1e-4 at the
-                # episode cap, an entropy a few hundredths apart): their late deviations inform.
+                # A run that ended level with the healthy runs is judged there by its objective:
+                # near convergence the other metrics settle into bands too narrow to judge against
+                # (a value loss of 1e-4 at the episode cap, an entropy a few hundredths apart).
+                # A run that ended above or below them keeps every late deviation (a late KL
+                # blow-up behind a reward above the healthy runs' is how reward hacking looks).
                 sev = "info"
             sr = ctx.series(name)
             start = max(int(sr.raw_steps[0]), lo_step)
@@ -175,7 +177,8 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
             if weak:
                 f.notes.append(f"{strength}: too few healthy runs to call a deviation a problem")
             if settled:
-                f.notes.append("in the late phase only the objective is judged against the healthy runs")
+                f.notes.append("the run ended level with the healthy runs: in the late phase only its objective "
+                               "is judged against them")
             if slow_start:
                 f.notes.append(f"the run ended level with the healthy runs ({caught_up[1]}): a difference, "
                                f"not a failure")
