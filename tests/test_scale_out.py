@@ -150,6 +150,53 @@ def test_serve_with_gunicorn_workers(sqlite_url, tmp_path):
     reg.close()
 
 
+def _sockets_by_process(pids: list[str], port: int, state: str) -> dict[str, set[str]]:
+    """The TCP sockets (inodes) on local ``port`` in ``state`` (01 established, 0A listening) each
+    process holds (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                inodes.add(fields[9])
+    held = {}
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        links = [os.readlink(fd) for fd in fds.iterdir()] if fds.exists() else []
+        held[pid] = {link[8:-1] for link in links if link.startswith("socket:[") and link[8:-1] in inodes}
+    return held
+
+
+def test_keep_alive_clients_that_connect_at_once_are_spread_over_the_workers(sqlite_url, tmp_path):
+    """With one shared listening socket the workers race in accept() and one of them can take every
+    connection of a burst; each worker has its own (SO_REUSEPORT), and a second server on the port
+    is refused instead of sharing it."""
+    pytest.importorskip("gunicorn")
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs /proc to see which process holds a connection")
+    port = free_port()
+    proc = _start(sqlite_url, port, tmp_path, workers=2)
+    sessions = [requests.Session() for _ in range(16)]
+    try:
+        for s in sessions:  # keep-alive: each connection stays with the worker that accepted it
+            assert s.get(f"http://127.0.0.1:{port}/api/runs", timeout=30).status_code == 200
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        held = _sockets_by_process(workers, port, "01")
+        assert sum(map(len, held.values())) == 16 and all(held.values()), held
+        # each worker accepts on a listening socket of its own, which the kernel balances connections
+        # over (one shared socket would be the same inode in both)
+        listening = [frozenset(v) for v in _sockets_by_process(workers, port, "0A").values()]
+        assert len(listening) == 2 and all(len(v) == 1 for v in listening) and listening[0] != listening[1]
+        second = subprocess.run([sys.executable, "-m", "registry.cli", "--db", sqlite_url, "serve", "--port", str(port),
+                                 "--workers", "2"], capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+        assert second.returncode == 1 and f"cannot serve on 127.0.0.1:{port}" in second.stderr, second.stderr
+    finally:
+        for s in sessions:
+            s.close()
+        _stop(proc)
+
+
 def test_serve_db_option_serves_that_registry(sqlite_url, tmp_path):
     reg = open_registry(sqlite_url)
     reg.register_arrays("served", _curve(0))

@@ -46,7 +46,7 @@ def _serve(url: str, host: str, port: int, workers: int = 1, threads: int = 8) -
             server.serve_gunicorn(url, host, port, workers, threads)
         else:
             server.serve_waitress(url, host, port, threads)
-    except ConfigError as exc:
+    except (ConfigError, server.ServeError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
