@@ -95,7 +95,7 @@ def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
 def run_dicts(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
     """:func:`run_to_dict` for a page of runs, their hyperparameters, tags and scores read as plain
     rows: a page of 50 runs with 30 hyperparameters each would otherwise build 1,500 ORM objects,
-    which cost more than everything else the runs page and ``/api/runs`` do."""
+    which cost more than everything else ``/api/runs`` does."""
     ids = [r.id for r in runs]
     params: dict[str, list[tuple]] = defaultdict(list)
     tags: dict[str, list[str]] = defaultdict(list)
