@@ -49,6 +49,21 @@ def test_trl_end_of_training_summary_becomes_scores(registry: Registry, path: st
     assert not any(k.endswith("train_runtime") for k in keys)
 
 
+def test_trl_event_files_carry_the_trainer_config_and_the_diagnosis_reads_it(registry: Registry):
+    """transformers' TensorBoardCallback writes the TrainingArguments (TRL's GRPOConfig) as the 'args'
+    text summary: its settings become the run's hyperparameters, so a TRL run registered from its
+    event files alone gets the clip ratio called uninformative (one update per batch), not a problem."""
+    from registry.analysis.health import diagnose_run
+
+    result = registry.register(TRL / "beta0.04" / "runs" / "Dec04_14-39-08_vm")
+    params = registry.run_detail(result.run_id)["params"]
+    assert (params["num_iterations"], params["epsilon"], params["beta"], params["max_completion_length"]) == \
+        (1, 0.2, 0.04, 12)
+    assert params["output_dir"] == "/tmp/grpo_beta" and len(params) > 150  # the whole config, not a few keys
+    clip = diagnose_run(registry, result.run_id, use_baseline=False).by_detector("clip_low")
+    assert clip and clip[0].severity == "info" and "uninformative by construction" in clip[0].title
+
+
 def test_trl_checkpoint_state_has_no_summary_and_registers(registry: Registry):
     result = registry.register(TRL / "beta0.04" / "checkpoint-30" / "trainer_state.json")
     assert result.summary == {} and not result.warnings and result.framework == "trl"

@@ -64,6 +64,11 @@ def open_tensorboard(path: Path) -> Source:
         layout["hyperparameters"] = "CleanRL 'hyperparameters' text summary read as params"
         for key, value in scan.text_params.items():
             params.setdefault(key, value)
+    if scan.trainer_args:
+        layout["hyperparameters"] = ("Hugging Face Trainer 'args' text summary (its TrainingArguments, for TRL "
+                                     "the trainer's config) read as params")
+        for key, value in scan.trainer_args.items():
+            params.setdefault(key, value)
     if named:
         layout["run name"] = "{env_id}__{exp_name}__{seed}__{time}"
         params.setdefault("seed", named["seed"])

@@ -7,6 +7,8 @@ file size, reports why at that record.
 """
 from __future__ import annotations
 
+import json
+
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -104,6 +106,9 @@ class EventScan:
     tags_by_dir: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     params: dict[str, Any] = field(default_factory=dict)
     text_params: dict[str, Any] = field(default_factory=dict)
+    #: The Hugging Face Trainer's ``args`` text summary: its TrainingArguments (for TRL, the
+    #: GRPOConfig/PPOConfig: num_iterations, epsilon, beta, ...) as a JSON object.
+    trainer_args: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -126,6 +131,7 @@ def scan_files(files: list[Path], root: Path) -> EventScan:
                     not_scalar.add((directory, tag))
                     scan.warnings.append(f"{file}, record {record}: tag {tag!r} is not a single number; skipped")
             scan.text_params.update(_text_hparams(event))
+            scan.trainer_args.update(_trainer_args(event, file, record, scan.warnings))
             for name, value in _hparams(event, file, record):
                 if name in scan.params and scan.params[name] != value:
                     scan.warnings.append(
@@ -167,6 +173,27 @@ def _text_hparams(event: event_pb2.Event) -> dict[str, Any]:
                 continue
             out[cells[0]] = _typed(cells[1])
     return out
+
+
+def _trainer_args(event: event_pb2.Event, file: Path, record: int, warnings: list[str]) -> dict[str, Any]:
+    """The Trainer's ``tb_writer.add_text("args", args.to_json_string())`` (transformers'
+    ``TensorBoardCallback.on_train_begin``, integration_utils.py, transformers 5.25) as params."""
+    for value in event.summary.value:
+        if value.tag not in ("args", "args/text_summary") or value.metadata.plugin_data.plugin_name != "text":
+            continue
+        if not value.tensor.string_val:
+            continue
+        text = value.tensor.string_val[0].decode("utf-8", errors="replace")
+        try:
+            # NaN/Infinity stay text: a hyperparameter is stored as a finite number or as text
+            args = json.loads(text, parse_constant=str)
+        except json.JSONDecodeError as exc:
+            warnings.append(f"{file}, record {record}: the 'args' text summary is not JSON ({exc.msg} at "
+                            f"position {exc.pos}); its hyperparameters were not read")
+            continue
+        if isinstance(args, dict):
+            return args
+    return {}
 
 
 def _typed(text: str) -> Any:
