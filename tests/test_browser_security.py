@@ -8,7 +8,7 @@ where a payload that reached the DOM would also show up as a CSP violation in th
 from __future__ import annotations
 
 import time
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import pytest
 
@@ -19,7 +19,7 @@ from registry.web.app import create_app
 import test_browser  # noqa: E402 - skips this module too when there is no chromedriver (outside CI)
 from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from test_browser import serve  # noqa: E402
+from test_browser import serve, wait  # noqa: E402
 
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = '"><img src=x onerror="window.__xss=1">'
@@ -158,6 +158,8 @@ def test_definition_pages_and_the_edit_form(site, browser):
     browser.find_element(By.NAME, "username").send_keys("mallory")
     browser.find_element(By.NAME, "password").send_keys("mallory-password")
     browser.find_element(By.ID, "login-button").click()
+    # the login must have landed (its session cookie set) before the next page is opened
+    wait(browser).until(lambda d: urlsplit(d.current_url).path == "/dictionary/entropy/edit")
     assert_no_script_ran(browser, base + "/dictionary/entropy/edit")
     assert browser.find_element(By.NAME, "formula").get_attribute("value") == TEXTAREA
     assert browser.find_element(By.NAME, "display_name").get_attribute("value") == f"Entropy {IMG}"

@@ -6,6 +6,8 @@ Reuses the browser fixture of ``test_browser``. Screenshots go to ``$RLREG_SCREE
 """
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import numpy as np
 import pytest
 
@@ -57,7 +59,10 @@ def log_in(driver, base: str, next_path: str) -> None:
     driver.find_element(By.NAME, "username").send_keys("ada")
     driver.find_element(By.NAME, "password").send_keys("analytical-engine")
     driver.find_element(By.ID, "login-button").click()
-    wait(driver).until(lambda d: next_path.split("?")[0] in d.current_url)
+    # The login page's own address holds next_path in its query: wait for the path itself, and for
+    # that page to have loaded, or a lookup races the navigation.
+    wait(driver).until(lambda d: urlsplit(d.current_url).path == next_path.split("?")[0]
+                       and d.execute_script("return document.readyState") == "complete")
 
 
 def test_upload_shows_progress_and_the_registration_report(write_site, browser):
@@ -122,6 +127,7 @@ def test_delete_asks_for_the_name(write_site, browser):
     base, reg, ids, _ = write_site
     run_id = ids["grpo-lr5e-5"]
     log_in(browser, base, f"/runs/{run_id}")
+    wait(browser).until(lambda d: d.find_elements(By.ID, "delete-link"))
     browser.find_element(By.ID, "delete-link").click()
     wait(browser).until(lambda d: d.find_elements(By.ID, "delete-form"))
     name = reg.run_detail(run_id)["name"]
