@@ -8,7 +8,6 @@ file size, reports why at that record.
 from __future__ import annotations
 
 import json
-
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field

@@ -218,20 +218,20 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         low, high = (None if high is None else -high), (None if low is None else -low)
     st = ctx.s
 
-    def judge(p: int) -> tuple[bool, float, float, float, float]:
+    def judge(p: int) -> tuple[bool, float, float, float, float, tuple[float, float] | None]:
         e = ctx.early(p)
         early, late = float(np.median(y[:e])), float(np.median(y[p - e:p]))
-        kept = _entropy_kept(ctx, sr, p) is not None
+        kept = _entropy_kept(ctx, sr, p)
         if low is not None and high is not None and high > low:
             width = high - low
             imp, level = (late - early) / width, (late - low) / width
             enough = st.flat_unsharpened_improvement if kept else st.flat_min_improvement
-            return imp < enough and level < st.flat_max_level, early, late, imp, level
+            return imp < enough and level < st.flat_max_level, early, late, imp, level, kept
         rel = (late - early) / max(abs(early), abs(late), TINY)
         enough = st.flat_unsharpened_improvement if kept else st.flat_min_rel_improvement
-        return rel < enough, early, late, rel, float("nan")
+        return rel < enough, early, late, rel, float("nan"), kept
 
-    flat, early, late, imp, level = judge(n)
+    flat, early, late, imp, level, kept = judge(n)
     if not flat:
         return _reward_plateau(ctx, name, sr, y, sign, low, high)
     grid = np.unique(np.linspace(max(6, min(n, st.flat_min_points)), n, num=20).round().astype(int))
@@ -240,7 +240,6 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     p_first = int(grid[bad[-1] + 1]) if bad.size else int(grid[0])
     sev = "warning" if n >= st.flat_min_points else "info"
     ranged = not np.isnan(level)
-    kept = _entropy_kept(ctx, sr, n)
     title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
              + (f" ({100 * imp:.1f}% of the task range, at {100 * level:.0f}% of it)" if ranged
                 else f" ({100 * imp:.1f}% relative)")
