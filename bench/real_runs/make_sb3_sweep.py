@@ -97,6 +97,17 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_ent_0.2": ("CartPole-v1", 5, 60_000, {"ent_coef": 0.2}),
     "cartpole_lr_3e-3": ("CartPole-v1", 5, 60_000, {"learning_rate": 3e-3}),
     "acrobot_epochs_30": ("Acrobot-v1", 5, 60_000, {"n_epochs": 30}),
+    # A sixth held-out batch, placed before training after the fifth batch's one false alarm (a
+    # single KL jump on the fastest healthy run): learning rates between the default and the
+    # failing ones, where lone large updates are likely, more epochs, and fresh healthy seeds.
+    "cartpole_lr_1e-3": ("CartPole-v1", 6, 60_000, {"learning_rate": 1e-3}),
+    "cartpole_lr_2e-3": ("CartPole-v1", 7, 60_000, {"learning_rate": 2e-3}),
+    "cartpole_lr_5e-3": ("CartPole-v1", 8, 60_000, {"learning_rate": 5e-3}),
+    "acrobot_lr_1e-3": ("Acrobot-v1", 6, 60_000, {"learning_rate": 1e-3}),
+    "acrobot_lr_3e-3": ("Acrobot-v1", 7, 60_000, {"learning_rate": 3e-3}),
+    "cartpole_epochs_30": ("CartPole-v1", 6, 60_000, {"n_epochs": 30}),
+    "cartpole_default_s10": ("CartPole-v1", 10, 60_000, {}),
+    "acrobot_default_s9": ("Acrobot-v1", 9, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
