@@ -97,6 +97,35 @@ def test_kl_spike_fires_on_the_spike_step_and_not_on_a_3x_wiggle():
     assert not diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")
 
 
+def test_a_lone_kl_spike_that_nothing_followed_is_information_and_a_harmful_one_stays_a_warning():
+    rng = _rng(3)
+    n = 60
+    kl = 0.008 * np.exp(rng.normal(0, 0.1, n))
+    kl[25] = 0.06                        # 7.5x, once, above the healthy high 0.05
+    rising = np.linspace(20, 450, n) + rng.normal(0, 5, n)
+    d = diagnose({"kl_old_mean": _c(kl), "episode_return_mean": _c(rising)}, INFOS)
+    (spike,) = d.by_detector("kl_spike")
+    assert spike.severity == "info" and "nothing followed" in spike.title and "back at 0.00" in spike.title
+    assert d.healthy and not spike.causes
+    # The same jump followed by a falling return is a problem with causes.
+    falling = rising.copy()
+    falling[26:] = np.linspace(rising[25], 60, n - 26)
+    hurt = diagnose({"kl_old_mean": _c(kl), "episode_return_mean": _c(falling)}, INFOS)
+    assert hurt.by_detector("kl_spike")[0].severity == "warning"
+    # A KL that stays up after the jump is no lone spike either.
+    stays = kl.copy()
+    stays[25:] = 0.06 * np.exp(rng.normal(0, 0.05, n - 25))
+    assert diagnose({"kl_old_mean": _c(stays), "episode_return_mean": _c(rising)},
+                    INFOS).by_detector("kl_spike")[0].severity != "info"
+    # Without a reward curve nothing shows that the jump did no harm.
+    assert diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")[0].severity == "warning"
+    # Two jumps are a pattern, not a lone update.
+    twice = kl.copy()
+    twice[45] = 0.06
+    assert all(f.severity == "warning" for f in diagnose({"kl_old_mean": _c(twice), "episode_return_mean": _c(rising)},
+                                                            INFOS).by_detector("kl_spike"))
+
+
 def test_kl_spike_needs_the_healthy_range_gate():
     kl = np.full(100, 1e-4)
     kl[50] = 1e-3                        # 10x, but far below the healthy high

@@ -12,6 +12,7 @@ from registry.analysis.diagnosis.signal import (
     Series,
     mad_sigma,
     merge_close,
+    noise_sigma,
     rank_corr,
     rolling_median,
     runs,
@@ -68,6 +69,54 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
                 detected_at=sr.step(i), related=["clip_fraction", "grad_norm", "learning_rate"]))
         out.extend(top(found, ctx, "ratio"))
     return out
+
+
+def settle_lone_kl_spikes(ctx: Context, findings: list[Finding]) -> None:
+    """A KL spike that nothing followed is information, not a problem.
+
+    One update can move the policy far (a fast learning rate, an unlucky minibatch) without
+    harm. When a metric has exactly one spike, below the critical ratio, its KL is back inside the
+    healthy range over the following updates, the run's reward did not fall over the same span,
+    and no other warning starts from the spike on, telling the user to lower the learning rate
+    would be advice the run's own data contradicts. Without a reward curve, or with too few points
+    after the spike to see what followed, the spike stays a warning.
+    """
+    st = ctx.s
+    reward = ctx.first("reward")
+    spikes = [f for f in findings if f.detector == "kl_spike" and f.severity == "warning"]
+    tol = int(st.joint_overlap_frac * ctx.span)
+    for f in spikes:
+        if sum(g.detector == "kl_spike" and g.metric == f.metric for g in findings) != 1:
+            continue
+        high = f.evidence.get("healthy_high", float("nan"))
+        sr = ctx.series(f.metric)
+        if reward is None or sr is None or not math.isfinite(high):
+            continue
+        window = max(1, int(st.plateau_frac * ctx.span / 2))
+        need = ctx.persist(sr.n)
+        kl_after = ctx.values_between(f.metric, f.end + 1, f.end + window)
+        # The reward's level at the spike (its last points before it), not a mean over a window
+        # that trails a rising curve, against the updates after it.
+        before = ctx.values_between(reward, f.start - window, f.start - 1)[-need:]
+        after = ctx.values_between(reward, f.end + 1, f.end + window)
+        if min(kl_after.size, after.size, before.size) < need:
+            continue
+        kl_back = float(np.median(kl_after))
+        noise = noise_sigma(ctx.values_between(reward, f.start - window, f.end + window))
+        if not ctx.higher_is_better(reward):
+            before, after = -before, -after
+        reward_kept = float(np.median(after)) >= float(np.median(before)) - noise
+        followed = [g for g in findings if g is not f and g.at_least("warning") and g.end >= f.start - tol]
+        if kl_back > high or not reward_kept or followed:
+            continue
+        f.severity = "info"
+        f.title = (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
+                   f"{f.evidence['recent_level']:.3g}; over the next updates it was back at {kl_back:.3g} "
+                   f"(healthy high {high:g}) and {reward} did not fall: a single large update that nothing followed")
+        f.evidence.update(level_next=kl_back, lone=1.0)
+        f.causes, f.likely_causes = [], []
+        f.suggested_action = "nothing to fix; if such jumps recur, lower the learning rate"
+        f.rollback_step = None
 
 
 def detect_kl_climb(ctx: Context) -> list[Finding]:
