@@ -84,6 +84,15 @@ def wait(driver):
     return WebDriverWait(driver, WAIT)
 
 
+def text_present(driver, element_id: str, text: str) -> bool:
+    """The element's text holds ``text``, read in one script: a form that reloads the page can swap the
+    document between Selenium's lookup of an element and its read of the text ("Node with given id does
+    not belong to the document"), which ``EC.text_to_be_present_in_element`` does not retry."""
+    return bool(driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return !!e && e.textContent.includes(arguments[1]);",
+        element_id, text))
+
+
 def images_loaded(driver, selector: str) -> bool:
     return driver.execute_script(
         "const imgs = Array.from(document.querySelectorAll(arguments[0]));"
@@ -112,7 +121,7 @@ def test_filter_open_run_and_see_three_layers(site, browser):
     box = browser.find_element(By.ID, "filter-q")
     box.send_keys("learning_rate>1e-5 and algorithm=GRPO")
     box.submit()
-    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "result-count"), "of 1 runs"))
+    wait(browser).until(lambda d: text_present(d, "result-count", "of 1 runs"))
     names = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#runs-table td.name a")]
     assert names == ["grpo-lr5e-5"]
 

@@ -79,7 +79,7 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     similar.find_element(By.NAME, "sim_prefix").send_keys("50%")
     similar.find_element(By.NAME, "sim_same_task").click()
     similar.find_element(By.CSS_SELECTOR, "#similar-form button[type=submit]").click()
-    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "similar-panel"), "first 50% of training"))
+    wait(browser).until(lambda d: test_browser.text_present(d, "similar-panel", "first 50% of training"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#neighbours tbody tr")
     assert len(rows) == 3
     assert "pendulum_default_s0" not in browser.find_element(By.ID, "neighbours").text
@@ -93,7 +93,7 @@ def test_lr_too_high_dashboard_shows_the_kl_spike_and_similar_runs_with_an_overl
     match.send_keys("25%-50%")
     similar.find_element(By.NAME, "sim_anywhere").click()
     similar.find_element(By.CSS_SELECTOR, "#similar-form button[type=submit]").click()
-    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "similar-panel"), "anywhere in each run"))
+    wait(browser).until(lambda d: test_browser.text_present(d, "similar-panel", "anywhere in each run"))
     cells = browser.find_elements(By.CSS_SELECTOR, "#neighbours td.matched")
     assert len(cells) == 3 and all(c.text.startswith("steps ") for c in cells)
     assert browser.find_element(By.NAME, "sim_anywhere").is_selected()
