@@ -49,6 +49,27 @@ def test_trl_end_of_training_summary_becomes_scores(registry: Registry, path: st
     assert not any(k.endswith("train_runtime") for k in keys)
 
 
+@pytest.mark.parametrize("log", ["verl_issue_2060_steps0_1.log", "verl_issue_1208_step2.log",
+                                 "verl_sglang_tutorial_issue_106_steps80_83.log"])
+def test_a_published_verl_excerpt_logged_during_warm_up_is_diagnosed(registry: Registry, log: str):
+    """These excerpts log lr = 0 (the first steps of a warm-up): that is no rate the run trains at, so
+    the diagnosis does not read a learning rate from it (it used to divide by it)."""
+    from registry.analysis.health import diagnose_run
+
+    result = registry.register(REAL / "published" / log)
+    d = diagnose_run(registry, result.run_id, use_baseline=False)
+    lr = d.settings["settings"].get("learning_rate")
+    assert lr is None or lr["value"] > 0
+    assert not d.healthy                                   # a few steps are not enough to call it healthy
+
+
+def test_a_setting_of_zero_is_compared_in_words():
+    from registry.analysis.diagnosis.hyperparams import read_settings
+
+    settings = read_settings({"epsilon": 0.0}, "trl").to_dict()["settings"]
+    assert settings["clip_range"]["text"] == "epsilon = 0, zero against the TRL default 0.2"
+
+
 def test_trl_event_files_carry_the_trainer_config_and_the_diagnosis_reads_it(registry: Registry):
     """transformers' TensorBoardCallback writes the TrainingArguments (TRL's GRPOConfig) as the 'args'
     text summary: its settings become the run's hyperparameters, so a TRL run registered from its

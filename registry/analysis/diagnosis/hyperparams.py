@@ -153,6 +153,8 @@ def _compare(value: float, ref: float, what: str) -> str:
         if value == 0:
             return f"as {what} {_fmt(ref)}"
         return f"{'above' if value > 0 else 'below'} {what} {_fmt(ref)}"
+    if value == 0:
+        return f"zero against {what} {_fmt(ref)}"     # beta = 0: the term is switched off
     r = value / ref
     if r < 0:
         return f"of the opposite sign to {what} {_fmt(ref)}"
@@ -246,6 +248,8 @@ def read_settings(params: Mapping[str, Any] | None, framework: str | None = None
         elif curves is not None and KNOB_SERIES.get(knob) in curves:
             c = curves[KNOB_SERIES[knob]]
             v = c.values[np.isfinite(c.values)] if len(c) else np.zeros(0)
+            if knob == "learning_rate":
+                v = v[v > 0]             # a warm-up's first steps log 0: no rate the run trains at
             if v.size:
                 source, value = f"logged series '{KNOB_SERIES[knob]}'", float(np.median(v))
         if source is None:
