@@ -174,3 +174,25 @@ def test_framework_files_bind_each_concept_by_their_own_alias(registry: Registry
     for key, field in from_config.items():
         origin = series[key]["provenance"]["fields"][field]
         assert origin["from"] == "config" and origin["param"] and origin["verified_in"], (key, origin)
+
+
+#: Every kind of real file the project holds outside the labelled SB3 sweep (which its own tests diagnose).
+EVERY_REAL_SOURCE = [
+    "trl_grpo_tiny/beta0.04/runs/Dec04_14-39-08_vm", "trl_grpo_tiny/beta0_eval/runs/Dec04_15-00-02_vm",
+    "trl_grpo_tiny/num_iterations2/runs/Dec04_14-38-05_vm", "trl_grpo_tiny/beta0.04/trainer_state_after_train.json",
+    "openrlhf_tensorboard_grpo/qwen_tiny_grpo_k3", "verl_tracking_grpo/console.log",
+    "cleanrl_ppo_cartpole/runs/CartPole-v1__ppo__1__1796394563", "sb3_ppo_cartpole_tensorboard_log",
+    "published/chaos_economy_grpo", *(f"published/{p.name}" for p in sorted((REAL / "published").glob("*.log"))),
+]
+
+
+@pytest.mark.parametrize("source", EVERY_REAL_SOURCE)
+def test_every_real_file_registers_and_is_diagnosed_without_error(registry: Registry, source: str):
+    """Registration diagnoses a run and only logs an error: read the findings back (computed again when
+    none were stored, which raises), and diagnose the way the dashboard does."""
+    from registry.analysis.health import current_findings, diagnose_run
+
+    result = registry.register(REAL / source)
+    assert current_findings(registry, result.run_id).state == "fresh"
+    d = diagnose_run(registry, result.run_id)
+    assert d.summary() and d.to_dict()["findings"] is not None
