@@ -61,3 +61,57 @@ def test_bad_columns_are_errors_that_say_what_was_meant(filled):
     assert bad.exit_code != 0 and "learnin_rate" in bad.output and "did you mean learning_rate" in bad.output
     bad = CliRunner().invoke(cli, ["--db", url, "runs", "--columns", "kl_old_mean:median"])
     assert bad.exit_code != 0 and "last, min, max, mean, first" in bad.output
+
+
+def _run_cli_in_a_fresh_interpreter(url: str, *args: str) -> dict:
+    """``rlreg ARGS`` in a new Python process, and which heavy modules it loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, json, io, contextlib\n"
+            "from registry.cli.main import cli\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    try:\n"
+            f"        cli.main({['--db', url, *args]!r}, standalone_mode=False)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(json.dumps({'output': out.getvalue(), 'orm': 'sqlalchemy.orm' in sys.modules,\n"
+            "                  'numpy': 'numpy' in sys.modules, 'lark': 'lark' in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_listing_a_current_registry_reads_rows_through_core_alone_and_lists_what_the_store_lists(filled):
+    """`rlreg runs` on a database at the current schema loads neither the ORM, NumPy nor the filter
+    parser (what made it slow to start), and lists exactly what the store's list_runs lists."""
+    url, reg, _ = filled
+    fast = _run_cli_in_a_fresh_interpreter(url, "runs", "--json")
+    assert not fast["orm"] and not fast["numpy"] and not fast["lark"]
+    rows, total = reg.list_runs()
+    assert json.loads(fast["output"])["runs"] == json.loads(json.dumps(rows)) and total == len(rows)
+    # A filter loads the parser, still without the ORM.
+    filtered = _run_cli_in_a_fresh_interpreter(url, "runs", "--where", "learning_rate>1e-4", "--json")
+    assert filtered["lark"] and not filtered["orm"]
+    expected = reg.list_runs(where="learning_rate>1e-4")[0]
+    assert expected and json.loads(filtered["output"])["runs"] == json.loads(json.dumps(expected))
+
+
+def test_listing_a_registry_that_needs_an_upgrade_opens_it_and_upgrades_it(tmp_path):
+    """A database behind the current schema is not read through Core: the store opens it, which upgrades it."""
+    from registry.db import migrate
+    from registry.db.engine import make_engine
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine, "0007")
+    engine.dispose()
+    result = _run_cli_in_a_fresh_interpreter(url, "runs", "--json")
+    assert result["orm"] and json.loads(result["output"])["total"] == 0
+    engine = make_engine(url)
+    assert migrate.current_revision(engine) == migrate.HEAD_REVISION
+    engine.dispose()
+    # A path where there is no database yet gets one, as before.
+    fresh = tmp_path / "new.db"
+    assert json.loads(_run_cli_in_a_fresh_interpreter(f"sqlite:///{fresh}", "runs", "--json")["output"])["total"] == 0
+    assert fresh.is_file()

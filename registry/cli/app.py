@@ -84,6 +84,22 @@ def open_from(ctx: click.Context):  # -> Registry (imported lazily: keeps `rlreg
     return ctx.obj["registry"]
 
 
+def read_rows_from(ctx: click.Context):  # -> RowReader | Registry
+    """What reads run rows: a Core reader when the database is already at the current schema (no ORM,
+    no NumPy: ``rlreg runs`` answers in a fraction of the time), else the opened registry, which
+    creates or upgrades it first."""
+    if "registry" in ctx.obj:
+        return ctx.obj["registry"]
+    from registry.db.engine import default_database_url
+    from registry.store.run_listing import open_rows
+
+    reader = open_rows(ctx.obj["db_url"] or default_database_url())
+    if reader is None:
+        return open_from(ctx)
+    ctx.call_on_close(reader.close)
+    return reader
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 

@@ -12,7 +12,7 @@ from registry.dictionary.provenance_text import binding_summary, describe_bindin
 from registry.core.errors import AlreadyRegisteredError, InputError
 from registry.core.run_fields import DEFAULT_ORDER_POLICY, ORDER_POLICIES
 from registry.core.run_fields import VERDICTS
-from registry.cli.app import json_option, open_from, parse_assignments, parse_semantics
+from registry.cli.app import json_option, open_from, parse_assignments, parse_semantics, read_rows_from
 from registry.cli.output import Progress, console, echo_json, err_console, format_value, print_registration
 
 
@@ -142,10 +142,11 @@ def runs(ctx: click.Context, where: str | None, project: str | None, tag: str | 
          columns: str | None, as_json: bool) -> None:
     """List runs, filtered by project, tag, outcome or hyperparameter expressions."""
     from registry.cli.run_table import resolve_columns, table_cells
+    from registry.store.run_listing import list_runs
 
-    reg = open_from(ctx)
-    rows, total = reg.list_runs(where=where, project=project, tag=tag, verdict=verdict, status=status,
-                                order_by=order_by, limit=limit, offset=offset)
+    reg = read_rows_from(ctx)
+    rows, total = list_runs(reg, where=where, project=project, tag=tag, verdict=verdict, status=status,
+                            order_by=order_by, limit=limit, offset=offset)
     chosen = resolve_columns(reg, rows, columns, list(show_params))
     cells = table_cells(reg, rows, chosen)
     if as_json:

@@ -7,11 +7,12 @@ ids is matched, and how serial sequences follow imported ids.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, any_, bindparam, event, text
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:  # the ORM and the PostgreSQL dialect load only where used: `rlreg runs` reads with Core
+    from sqlalchemy.orm import Session
 
 # Execution option: a transaction that only reads (SQLite: deferred BEGIN, no write lock).
 READ_ONLY_OPTION = "rlregistry_read_only"
@@ -24,7 +25,7 @@ def engine_of(bind: Session | Connection | Engine) -> Engine:
     """The engine behind a session, a connection or an engine."""
     if isinstance(bind, Engine):
         return bind
-    if isinstance(bind, Session):
+    if not isinstance(bind, Connection):  # a Session
         bind = bind.get_bind()
     return bind if isinstance(bind, Engine) else bind.engine
 
@@ -86,6 +87,8 @@ def id_chunks(bind: Session | Connection | Engine, column: Any, ids: Sequence[in
     one plan for any count); SQLite's IN lists stay under its bound-parameter limit."""
     ids = [int(i) for i in ids]
     if is_postgresql(bind):
+        from sqlalchemy.dialects.postgresql import ARRAY
+
         yield column == any_(bindparam("ids", ids, type_=ARRAY(BigInteger)))
         return
     for start in range(0, len(ids), SQLITE_IN_CHUNK):

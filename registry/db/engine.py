@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.orm import Session, sessionmaker
 
 from config import database_url
 from registry.db.dialect import READ_ONLY_OPTION, configure_sqlite
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 
 def default_database_url() -> str:
@@ -47,5 +50,7 @@ def make_engine(url: str) -> Engine:
 
 
 def make_session_factory(engine: Engine, read_only: bool = False) -> sessionmaker[Session]:
+    from sqlalchemy.orm import sessionmaker  # here: a Core-only reader never loads the ORM
+
     bind = engine.execution_options(**{READ_ONLY_OPTION: True}) if read_only else engine
     return sessionmaker(bind, expire_on_commit=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from registry.db import migrate
@@ -45,15 +45,14 @@ from registry.importers.run_summary import split_run_summary
 from registry.core.series import DEFAULT_ORDER_POLICY, MAX_KEY_LENGTH, SeriesBuilder, SeriesData, check_batch
 from registry.store.hooks import Hooks
 from registry.store.writes import append_points, bind_key
-from registry.store.reader import (CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_dicts,
-                                   run_to_dict)
+from registry.store.reader import CANONICAL_ORDER, find_series, read_series_chunks, reduce_points, run_to_dict
 from registry.store.run_binding import binding_context, declared_binding_info, record_binding_warnings, resolve_framework
 from registry.store.run_handle import RunHandle
 from registry.store.run_history import delete_run, editable_state, record_change, record_event
 from registry.importers import fingerprint, open_source, run_paths
 from registry.store.tracker_runs import register_store, register_store_run, store_format
 from registry.importers.params import merge_params
-from registry.store.filters import compile_filter, hyperparameter_fields, sort_keys, suggest_params
+from registry.store import run_listing
 from registry.dictionary.definitions import (definition_to_dict, dictionary_stamp, ensure_default_dictionary,
                                              list_definitions)
 
@@ -662,48 +661,8 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Runs matching the filters (``where`` in the filter language), and the total match count."""
-        query = select(Run)
-        conditions = []
-        if where:
-            conditions.append(compile_filter(where))
-            self._check_hyperparameters_exist(hyperparameter_fields(where))
-        if project:
-            conditions.append(Run.project == project)
-        if tag:
-            conditions.append(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
-        if verdict:
-            conditions.append(Run.verdict == verdict)
-        if status:
-            conditions.append(Run.status == status)
-        if conditions:
-            query = query.where(*conditions)
-        desc = order_by.startswith("-")
-        keys = [k.desc().nulls_last() if desc else k.asc().nulls_last() for k in sort_keys(order_by.lstrip("-"))]
-        with self.read() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
-            page = query.order_by(*keys, Run.id).offset(offset)
-            if limit is not None:
-                page = page.limit(limit)
-            return run_dicts(session, list(session.scalars(page))), total
-
-    def _check_hyperparameters_exist(self, keys: Sequence[str]) -> None:
-        """A filter on a hyperparameter no run has is a typo (``lr`` for ``learning_rate``): say so, with
-        the keys it may have meant, instead of answering with an empty list."""
-        if not keys:
-            return
-
-        with self.read() as session:
-            present = set(session.scalars(select(RunParam.key).where(RunParam.key.in_(list(keys))).distinct()))
-            missing = [k for k in keys if k not in present]
-            if not missing:
-                return
-            known = list(session.scalars(select(RunParam.key).distinct().limit(20000)))
-        if not known:
-            return  # an empty registry: nothing to have mistyped
-        key = missing[0]
-        hint = suggest_params(key, known)
-        raise InputError(f"no run has a hyperparameter {key!r}"
-                         + (f"; did you mean {', '.join(hint)}?" if hint else ""))
+        return run_listing.list_runs(self, where=where, project=project, tag=tag, verdict=verdict, status=status,
+                                     order_by=order_by, limit=limit, offset=offset)
 
     def definitions_by_name(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         with self.read() as session:

@@ -24,7 +24,8 @@ from lark import Lark, Token, Transformer, Tree, UnexpectedInput, v_args
 from sqlalchemy import ColumnElement, and_, exists, func, not_, or_, select, true
 
 from registry.core.errors import FilterSyntaxError, InputError
-from registry.db.models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series
+from registry.core.run_fields import ORDERABLE_FIELDS
+from registry.db.schema import metric_definitions, outcome_scores, run_params, run_tags, runs, series
 
 MAX_FILTER_LENGTH = 2000
 MAX_FILTER_DEPTH = 20  # nested not / and / or / parentheses; real filters use 2-4
@@ -61,18 +62,14 @@ SINGLE_STRING: /'[^']*'/
 """
 
 RUN_COLUMNS = {
-    "id": Run.id, "name": Run.name, "project": Run.project, "algorithm": Run.algorithm,
-    "framework": Run.framework, "task": Run.task, "status": Run.status, "verdict": Run.verdict,
-    "code_version": Run.code_version,
+    "id": runs.c.id, "name": runs.c.name, "project": runs.c.project, "algorithm": runs.c.algorithm,
+    "framework": runs.c.framework, "task": runs.c.task, "status": runs.c.status, "verdict": runs.c.verdict,
+    "code_version": runs.c.code_version,
 }
-ORDERABLE = {
-    "created_at": Run.created_at, "updated_at": Run.updated_at, "name": Run.name, "project": Run.project,
-    "algorithm": Run.algorithm, "framework": Run.framework, "task": Run.task, "status": Run.status,
-    "verdict": Run.verdict,
-}
+ORDERABLE = {name: runs.c[name] for name in ORDERABLE_FIELDS}
 SERIES_STATS = {
-    "first": Series.first_value, "last": Series.last_value, "min": Series.min_value, "max": Series.max_value,
-    "count": Series.count, "nan_count": Series.nan_count,
+    "first": series.c.first_value, "last": series.c.last_value, "min": series.c.min_value, "max": series.c.max_value,
+    "count": series.c.count, "nan_count": series.c.nan_count,
 }
 COMPARATORS = {
     "=": lambda c, v: c == v, "==": lambda c, v: c == v, "!=": lambda c, v: c != v,
@@ -127,26 +124,26 @@ def _text_compare(column: Any, op: str, value: _Value, case_insensitive: bool = 
 
 
 def _param_condition(key: str, op: str, value: _Value) -> ColumnElement:
-    base = [RunParam.run_id == Run.id, RunParam.key == key]
+    base = [run_params.c.run_id == runs.c.id, run_params.c.key == key]
     if value.kind in ("number", "bool") and op != "~":
         num = float(value.value)
-        cond = COMPARATORS[op](RunParam.num_value, num)
+        cond = COMPARATORS[op](run_params.c.num_value, num)
         if op == "!=":
             # "lr != 1e-4" should hold for runs without an lr as well; say so explicitly.
-            return not_(exists(select(RunParam.run_id).where(*base, RunParam.num_value == num)))
-        return exists(select(RunParam.run_id).where(*base, cond))
+            return not_(exists(select(run_params.c.run_id).where(*base, run_params.c.num_value == num)))
+        return exists(select(run_params.c.run_id).where(*base, cond))
     if op in ("<", "<=", ">", ">="):
         raise ValueError(f"operator {op} needs a number, got {value.value!r}")
     if op == "!=":
-        return not_(exists(select(RunParam.run_id).where(*base, _text_compare(RunParam.text_value, "=", value))))
-    return exists(select(RunParam.run_id).where(*base, _text_compare(RunParam.text_value, op, value)))
+        return not_(exists(select(run_params.c.run_id).where(*base, _text_compare(run_params.c.text_value, "=", value))))
+    return exists(select(run_params.c.run_id).where(*base, _text_compare(run_params.c.text_value, op, value)))
 
 
 def _metric_condition(field: str, op: str, value: _Value) -> ColumnElement:
     name, _, column = _metric_stat_column(field)
     if value.kind != "number" or op == "~":
         raise ValueError(f"{field} compares with a number")
-    return exists(select(Series.id).where(Series.run_id == Run.id, _series_named(name),
+    return exists(select(series.c.id).where(series.c.run_id == runs.c.id, _series_named(name),
                                           COMPARATORS[op](column, value.value)))
 
 
@@ -155,9 +152,9 @@ def _label_condition(name: str, op: str, value: _Value) -> ColumnElement:
     (``label.data_source=openai/gsm8k``, ``label.reward_func_name~format``)."""
     if not name or op in ("<", "<=", ">", ">="):
         raise ValueError("label.NAME takes =, != or ~")
-    column = Series.labels[name].as_string()
-    has = exists(select(Series.id).where(
-        Series.run_id == Run.id, _text_compare(column, "~" if op == "~" else "=", value)))
+    column = series.c.labels[name].as_string()
+    has = exists(select(series.c.id).where(
+        series.c.run_id == runs.c.id, _text_compare(column, "~" if op == "~" else "=", value)))
     return not_(has) if op == "!=" else has
 
 
@@ -169,14 +166,14 @@ def _metric_stat_column(field: str) -> tuple[str, str, Any]:
         raise ValueError(f"write metric fields as metric.NAME.STAT with STAT one of "
                          f"{', '.join([*SERIES_STATS, 'mean'])}")
     if stat == "mean":
-        return name, stat, Series.finite_sum / func.nullif(Series.count - Series.nan_count - Series.inf_count, 0)
+        return name, stat, series.c.finite_sum / func.nullif(series.c.count - series.c.nan_count - series.c.inf_count, 0)
     return name, stat, SERIES_STATS[stat]
 
 
 def _series_named(name: str) -> ColumnElement:
     return or_(
-        Series.key == name,
-        Series.definition_id.in_(select(MetricDefinition.id).where(MetricDefinition.name == name)),
+        series.c.key == name,
+        series.c.definition_id.in_(select(metric_definitions.c.id).where(metric_definitions.c.name == name)),
     )
 
 
@@ -191,13 +188,13 @@ def sort_keys(field: str) -> list[Any]:
     try:
         if field.startswith("param."):
             key = field[6:]
-            base = select(RunParam.num_value).where(RunParam.run_id == Run.id, RunParam.key == key)
-            text = select(RunParam.text_value).where(RunParam.run_id == Run.id, RunParam.key == key)
+            base = select(run_params.c.num_value).where(run_params.c.run_id == runs.c.id, run_params.c.key == key)
+            text = select(run_params.c.text_value).where(run_params.c.run_id == runs.c.id, run_params.c.key == key)
             return [base.scalar_subquery(), text.scalar_subquery()]
         if field.startswith("metric."):
             name, _, column = _metric_stat_column(field)
-            sub = (select(column).where(Series.run_id == Run.id, _series_named(name))
-                   .order_by(Series.count.desc()).limit(1))
+            sub = (select(column).where(series.c.run_id == runs.c.id, _series_named(name))
+                   .order_by(series.c.count.desc()).limit(1))
             return [sub.scalar_subquery()]
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -213,15 +210,15 @@ def _comparison(field: str, op: str, value: _Value) -> ColumnElement:
     if lowered == "tag":
         if op not in ("=", "==", "!=", "~"):
             raise ValueError("tag takes =, != or ~")
-        has = exists(select(RunTag.run_id).where(
-            RunTag.run_id == Run.id, _text_compare(RunTag.tag, "~" if op == "~" else "=", value)))
+        has = exists(select(run_tags.c.run_id).where(
+            run_tags.c.run_id == runs.c.id, _text_compare(run_tags.c.tag, "~" if op == "~" else "=", value)))
         return not_(has) if op == "!=" else has
     if lowered.startswith("score."):
         if value.kind != "number" or op == "~":
             raise ValueError(f"{field} compares with a number")
-        return exists(select(OutcomeScore.run_id).where(
-            OutcomeScore.run_id == Run.id, OutcomeScore.name == field[6:],
-            COMPARATORS[op](OutcomeScore.value, value.value)))
+        return exists(select(outcome_scores.c.run_id).where(
+            outcome_scores.c.run_id == runs.c.id, outcome_scores.c.name == field[6:],
+            COMPARATORS[op](outcome_scores.c.value, value.value)))
     if lowered.startswith("metric."):
         return _metric_condition(field, op, value)
     if lowered.startswith("label."):

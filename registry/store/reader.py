@@ -6,21 +6,17 @@ two pages can never show different series for the same canonical name.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.core import codec
-from registry.core.hparams import restore_value
 from registry.core.downsample import downsample_indices
 from registry.core.series import SeriesData
-from registry.db.models import MetricDefinition, OutcomeScore, Run, RunParam, RunTag, Series, SeriesChunk
-
-#: Run ids per IN list: under SQLite's bound-parameter limit, one statement for any page size.
-_ID_CHUNK = 500
+from registry.db.models import MetricDefinition, Run, Series, SeriesChunk
+from registry.store.run_listing import run_fields
 
 # When several raw keys of a run bind to one definition (a run logging both verl's
 # ``actor/kl_loss`` and a custom ``kl``), the series with the most points stands for the
@@ -81,7 +77,7 @@ def read_series_chunks(session: Session, series_id: int) -> SeriesData:
 
 
 def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
-    out = _run_fields(run, [(p.key, p.value_type, p.num_value, p.text_value) for p in run.params],
+    out = run_fields(run, [(p.key, p.value_type, p.num_value, p.text_value) for p in run.params],
                       [t.tag for t in run.tags], [(s.name, s.value) for s in run.scores])
     if full:
         out["notes"] = run.notes
@@ -90,49 +86,6 @@ def run_to_dict(run: Run, full: bool = False) -> dict[str, Any]:
         out["checkpoints"] = [{"step": c.step, "uri": c.uri, "note": c.note} for c in run.checkpoints]
         out["series"] = [series_to_dict(s) for s in run.series]
     return out
-
-
-def run_dicts(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """:func:`run_to_dict` for a page of runs, their hyperparameters, tags and scores read as plain
-    rows: a page of 50 runs with 30 hyperparameters each would otherwise build 1,500 ORM objects,
-    which cost more than everything else ``/api/runs`` does."""
-    ids = [r.id for r in runs]
-    params: dict[str, list[tuple]] = defaultdict(list)
-    tags: dict[str, list[str]] = defaultdict(list)
-    scores: dict[str, list[tuple]] = defaultdict(list)
-    for start in range(0, len(ids), _ID_CHUNK):
-        chunk = ids[start:start + _ID_CHUNK]
-        for rid, *row in session.execute(select(RunParam.run_id, RunParam.key, RunParam.value_type,
-                                                RunParam.num_value, RunParam.text_value)
-                                         .where(RunParam.run_id.in_(chunk))):
-            params[rid].append(tuple(row))
-        for rid, tag in session.execute(select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(chunk))):
-            tags[rid].append(tag)
-        for rid, name, value in session.execute(select(OutcomeScore.run_id, OutcomeScore.name, OutcomeScore.value)
-                                                .where(OutcomeScore.run_id.in_(chunk))):
-            scores[rid].append((name, value))
-    return [_run_fields(r, params[r.id], tags[r.id], scores[r.id]) for r in runs]
-
-
-def _run_fields(run: Run, params: Sequence[tuple], tags: Sequence[str], scores: Sequence[tuple]) -> dict[str, Any]:
-    """The run's summary fields; ``params`` as (key, value_type, num_value, text_value) rows."""
-    return {
-        "id": run.id,
-        "name": run.name,
-        "project": run.project,
-        "algorithm": run.algorithm,
-        "framework": run.framework,
-        "task": run.task,
-        "status": run.status,
-        "verdict": run.verdict,
-        "code_version": run.code_version,
-        "tags": sorted(tags),
-        "params": {key: restore_value(vtype, num, text) for key, vtype, num, text in sorted(params)},
-        "scores": dict(scores),
-        "created_at": run.created_at.isoformat() if run.created_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-        "data_version": run.data_version,
-    }
 
 
 def series_to_dict(s: Series) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 
 from registry.core.errors import InputError
-from registry.db.models import MetricDefinition, Series
+from registry.db.schema import metric_definitions, series
 
 STATS = ("last", "min", "max", "mean", "first")
 
@@ -107,12 +107,12 @@ def metric_summaries(registry: Any, run_ids: Sequence[str], columns: Sequence[Me
         return out
     with registry.read() as session:
         rows = session.execute(
-            select(Series.run_id, MetricDefinition.name, Series.sign, Series.first_value, Series.last_value,
-                   Series.min_value, Series.max_value, Series.finite_sum, Series.count, Series.nan_count,
-                   Series.inf_count)
-            .join(MetricDefinition, Series.definition_id == MetricDefinition.id)
-            .where(Series.run_id.in_(list(run_ids)), MetricDefinition.name.in_(names))
-            .order_by(Series.count.desc()))
+            select(series.c.run_id, metric_definitions.c.name, series.c.sign, series.c.first_value, series.c.last_value,
+                   series.c.min_value, series.c.max_value, series.c.finite_sum, series.c.count, series.c.nan_count,
+                   series.c.inf_count)
+            .join(metric_definitions, series.c.definition_id == metric_definitions.c.id)
+            .where(series.c.run_id.in_(list(run_ids)), metric_definitions.c.name.in_(names))
+            .order_by(series.c.count.desc()))
         seen: set[tuple[str, str]] = set()
         for run_id, name, sign, first, last, low, high, total, count, nans, infs in rows:
             if (run_id, name) in seen:
@@ -137,9 +137,9 @@ def headline_metrics(registry: Any, run_ids: Sequence[str]) -> tuple[dict[str, d
         return per_run, kinds
     with registry.read() as session:
         rows = session.execute(
-            select(Series.run_id, MetricDefinition.name, MetricDefinition.quantity, MetricDefinition.layer)
-            .join(MetricDefinition, Series.definition_id == MetricDefinition.id)
-            .where(Series.run_id.in_(list(run_ids))))
+            select(series.c.run_id, metric_definitions.c.name, metric_definitions.c.quantity, metric_definitions.c.layer)
+            .join(metric_definitions, series.c.definition_id == metric_definitions.c.id)
+            .where(series.c.run_id.in_(list(run_ids))))
         for run_id, name, quantity, layer in rows:
             per_run[run_id][name] = {}
             kinds[name] = {"quantity": quantity, "layer": layer}
