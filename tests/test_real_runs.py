@@ -196,3 +196,17 @@ def test_every_real_file_registers_and_is_diagnosed_without_error(registry: Regi
     assert current_findings(registry, result.run_id).state == "fresh"
     d = diagnose_run(registry, result.run_id)
     assert d.summary() and d.to_dict()["findings"] is not None
+
+
+def test_a_trl_run_without_its_configuration_gets_its_zero_clip_ratio_read_against_trls_default(registry: Registry):
+    """A published TRL trainer_state.json carries no GRPOConfig: with TRL's default num_iterations = 1 the
+    clip ratio is 0 by construction, so it is information that says the default was assumed, not
+    'updates too conservative'."""
+    from registry.analysis.health import diagnose_run
+
+    result = registry.register(REAL / "published" / "chaos_economy_grpo")
+    assert result.framework == "trl" and not registry.run_detail(result.run_id)["params"].get("num_iterations")
+    d = diagnose_run(registry, result.run_id, use_baseline=False)
+    (clip,) = d.by_detector("clip_low")
+    assert clip.severity == "info" and "num_iterations is not recorded" in clip.title
+    assert "TRL's default of 1" in clip.title

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
-from registry.analysis.diagnosis.hyperparams import RunSettings, Setting
+from registry.analysis.diagnosis.hyperparams import DEFAULT_SOURCES, RunSettings, Setting
 from registry.analysis.diagnosis.types import Finding
 
 #: Support at or above which a cause is named as *the* cause and drives the action.
@@ -379,12 +379,23 @@ def batch_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float |
                  f"raise {s.name} (towards {_ref(s)}) or lower the learning rate with it")
 
 
+#: Where a TRL run's setting is read when its configuration was not recorded (a trainer_state.json
+#: alone). TRL 1.16.0: GRPOConfig.num_iterations defaults to 1 and steps_per_generation to
+#: gradient_accumulation_steps (trl/trainer/grpo_config.py); GRPOTrainer then keeps no old log-probs
+#: and uses per_token_logps.detach() as the old ones (trl/trainer/grpo_trainer.py,
+#: _generate_and_score_completions and _compute_loss), so the ratio is 1.
+NOT_RECORDED = "not recorded: the framework's default"
+
+
 def single_update(hp: RunSettings, ctx: Context) -> Setting | None:
-    """The epochs setting when each batch gets exactly one policy update (ratio is 1 by construction)."""
+    """The epochs setting when each batch gets exactly one policy update (ratio is 1 by construction);
+    for a TRL run whose configuration was not recorded, TRL's default (one), marked as assumed."""
+    if hp.framework not in ("trl",):
+        return None
     s = hp.get("n_epochs")
-    if s is not None and s.value == 1 and hp.framework in ("trl",):
-        return s
-    return None
+    if s is None:
+        return Setting("n_epochs", 1.0, NOT_RECORDED, 1.0, DEFAULT_SOURCES["trl"], "trl", key="num_iterations")
+    return s if s.value == 1 else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -516,10 +527,13 @@ def apply_uninformative(ctx: Context, findings: list[Finding]) -> None:
         if f.detector != "clip_low":
             continue
         if one is not None:
+            assumed = one.source == NOT_RECORDED
             f.severity = "info"
             f.title = (f"clip fraction {f.evidence.get('median', 0):.3g} is uninformative by construction: "
-                       f"{one.describe()}, so each batch gets one policy update and the ratio is 1")
-            f.causes = [Cause("clip_uninformative", f.title, 0.95, [one.describe()], "nothing to fix")]
+                       + (f"this run's {one.name} is not recorded, and with TRL's default of 1 each batch gets one "
+                          "policy update and the ratio is 1" if assumed else
+                          f"{one.describe()}, so each batch gets one policy update and the ratio is 1"))
+            f.causes = [Cause("clip_uninformative", f.title, 0.7 if assumed else 0.95, [one.describe()], "nothing to fix")]
             f.likely_causes = [f.title]
             f.suggested_action = "nothing to fix: judge the update size by the KL and the entropy instead"
         elif wide:
