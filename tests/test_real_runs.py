@@ -210,3 +210,13 @@ def test_a_trl_run_without_its_configuration_gets_its_zero_clip_ratio_read_again
     (clip,) = d.by_detector("clip_low")
     assert clip.severity == "info" and "num_iterations is not recorded" in clip.title
     assert "TRL's default of 1" in clip.title
+
+
+def test_a_finding_names_the_bound_it_judged_by(registry: Registry):
+    """CleanRL's defaults on CartPole move the policy very little (approx_kl ~1e-5, clip fraction 0): the
+    KL definition has no healthy low, so the finding says the bound it used was a share of the high."""
+    from registry.analysis.health import diagnose_run
+
+    d = diagnose_run(registry, registry.register(CLEANRL_RUN).run_id, use_baseline=False)
+    (clip,) = d.by_detector("clip_low")
+    assert "below 0.0005 (1% of its healthy high 0.05)" in clip.title and "healthy low" not in clip.title

@@ -297,6 +297,9 @@ def detect_clip_low(ctx: Context) -> list[Finding]:
             corroborated = kl_level is not None and ref is not None and kl_level < ref
             if ref is not None:
                 ev["kl_healthy_low"] = ref
+            # Say which bound it was: the definition's low, or a share of its high when it has no low.
+            kl_bound = (f"its healthy low {ref:g}" if kl_low is not None else
+                        f"{ref:g} ({100 * st.kl_conservative_frac:g}% of its healthy high {kl_high:g})")
         else:
             corroborated = med < st.clip_near_zero_factor * low
         collapsed = ctx.overlapping("entropy_collapse", start, end, int(st.joint_overlap_frac * ctx.span))
@@ -308,7 +311,7 @@ def detect_clip_low(ctx: Context) -> list[Finding]:
         found.append(ctx.finding(
             "clip_low", name, start, end, sev,
             (f"updates too conservative: clip fraction {med:.3g} < {low:g}"
-             + (f" and KL {ev['kl_median']:.2g} below its healthy low" if corroborated and kl_name else "")
+             + (f" and KL {ev['kl_median']:.2g} below {kl_bound}" if corroborated and kl_name else "")
              if corroborated else
              f"clip fraction {med:.3g} below {low:g}, but KL is in range (acceptable late in training)")
             + f" for {(b - a + 1) * sr.bin_size} points",
