@@ -118,6 +118,15 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_lr_5e-3_s14": ("CartPole-v1", 14, 60_000, {"learning_rate": 5e-3}),
     "acrobot_lr_2e-3_s10": ("Acrobot-v1", 10, 60_000, {"learning_rate": 2e-3}),
     "acrobot_lr_2e-3_s11": ("Acrobot-v1", 11, 60_000, {"learning_rate": 2e-3}),
+    # An eighth held-out batch, placed before training for the value-loss change (a value loss that
+    # grows no faster than the square of the return it predicts, with a critic that fits, is no critic
+    # failure): entropy bonuses between those seen (returns that grow slowly), a value-loss weight far
+    # below the default (a critic that may really fail), and a fresh healthy seed.
+    "cartpole_ent_0.3": ("CartPole-v1", 15, 60_000, {"ent_coef": 0.3}),
+    "cartpole_ent_0.7": ("CartPole-v1", 16, 60_000, {"ent_coef": 0.7}),
+    "cartpole_vf_0.02": ("CartPole-v1", 17, 60_000, {"vf_coef": 0.02}),
+    "acrobot_vf_0.02": ("Acrobot-v1", 12, 60_000, {"vf_coef": 0.02}),
+    "cartpole_default_s11": ("CartPole-v1", 11, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
