@@ -269,6 +269,25 @@ def test_value_loss_decreasing_versus_flat():
     assert f and f[0].severity == "warning" and f[0].end == n
 
 
+def test_a_value_loss_that_grows_less_than_the_square_of_the_return_with_a_fitting_critic_is_information():
+    rng = _rng(18)
+    n = 60
+    # The return grows 25 -> 75, falling back and stalling on the way (not a steady rise).
+    ret = np.concatenate([np.linspace(25, 65, 12), np.linspace(65, 40, 12), 40 + rng.normal(0, 6, 24),
+                          np.linspace(45, 75, 12)]) + rng.normal(0, 2, n)
+    loss = np.linspace(60, 95, n) * np.exp(rng.normal(0, 0.05, n))
+    curves = {"episode_return_mean": _c(ret), "value_loss": _c(loss)}
+    fits = diagnose({**curves, "explained_variance": _c(np.full(n, 0.5))}, INFOS).by_detector("value_loss_flat")[0]
+    assert fits.severity == "info" and "while the return grew from" in fits.title and "the critic keeps up" in fits.title
+    # A critic that explains nothing is a critic problem, however the return moved.
+    blind = diagnose({**curves, "explained_variance": _c(np.full(n, 0.02))}, INFOS).by_detector("value_loss_flat")[0]
+    assert blind.severity == "warning"
+    # A loss that outgrew the square of the return's growth is no scale effect either.
+    worse = diagnose({"episode_return_mean": _c(ret), "value_loss": _c(np.linspace(60, 1200, n)),
+                      "explained_variance": _c(np.full(n, 0.5))}, INFOS).by_detector("value_loss_flat")[0]
+    assert worse.severity == "warning"
+
+
 def test_advantage_mean_drift():
     rng = _rng(9)
     n = 400

@@ -403,15 +403,17 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
             ev["explained_variance"] = evl
             good_fit = evl >= st.vl_good_explained_variance
     # Returns still climbing steadily: the critic chases a moving target, its loss cannot fall.
-    chasing = False
+    chasing = scaled = False
     rname = ctx.first("reward")
+    scale_text = ""
     if rname is not None and not good_fit:
         rv = ctx.values_between(rname, start, end)
         lo_r, hi_r = ctx.range(rname)
         if rv.size >= 6:
             sign = 1.0 if ctx.higher_is_better(rname) else -1.0
             k = max(2, rv.size // 6)
-            gain = sign * (float(np.median(rv[-k:])) - float(np.median(rv[:k])))
+            first_r, last_r = float(np.median(rv[:k])), float(np.median(rv[-k:]))
+            gain = sign * (last_r - first_r)
             scale = (hi_r - lo_r) if lo_r is not None and hi_r is not None and hi_r > lo_r else \
                 max(float(np.max(rv) - np.min(rv)), 1e-12)
             ev["reward_gain"] = gain
@@ -419,11 +421,23 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
             # fair): a flat loss with a critic that explains nothing is a critic problem.
             fair = ev.get("explained_variance", -1.0) >= st.vl_chasing_explained_variance
             chasing = fair and rank_corr(sign * rv) >= st.vl_chasing_corr and gain >= st.vl_chasing_gain * scale
+            # The return grew k-fold in size, and the value targets (discounted returns) with it, up to
+            # the discount horizon: a squared error against them grows up to k^2-fold with the critic
+            # fitting as well as before, so a loss that grew less is no failing critic.
+            if fair and not chasing and abs(first_r) > TINY and abs(last_r) > abs(first_r):
+                growth = (last_r / first_r) ** 2
+                ev["target_growth_squared"] = growth
+                scaled = late / early <= growth
+                scale_text = (f" while the return grew from {first_r:.4g} to {last_r:.4g}: the value targets grow with "
+                              f"it, and the loss grew {late / early:.2g}x, less than the square of that growth "
+                              f"({growth:.2g}x), so the critic keeps up (explained variance "
+                              f"{ev['explained_variance']:.2g})")
     return [ctx.finding(
-        "value_loss_flat", name, start, end, "info" if good_fit or chasing else "warning",
+        "value_loss_flat", name, start, end, "info" if good_fit or chasing or scaled else "warning",
         f"value loss not decreasing: {early:.4g} early, {late:.4g} now"
         + (" (but explained variance is high: the critic fits)" if good_fit else "")
-        + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else ""),
+        + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else "")
+        + (scale_text if scaled else ""),
         evidence=ev,
         causes=["the critic is not learning (value learning rate / vf_coef too small)",
                 "returns are non-stationary or badly scaled (no reward normalisation)",
