@@ -127,6 +127,14 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_vf_0.02": ("CartPole-v1", 17, 60_000, {"vf_coef": 0.02}),
     "acrobot_vf_0.02": ("Acrobot-v1", 12, 60_000, {"vf_coef": 0.02}),
     "cartpole_default_s11": ("CartPole-v1", 11, 60_000, {}),
+    # A ninth held-out batch, placed before training after the eighth batch's wrong cause (a value-loss
+    # weight of 0.02 on Acrobot, read as a sparse reward): value-loss weights far below the default on
+    # both tasks and other seeds, and a fresh healthy Acrobot seed.
+    "acrobot_vf_0.02_s13": ("Acrobot-v1", 13, 60_000, {"vf_coef": 0.02}),
+    "acrobot_vf_0.05": ("Acrobot-v1", 14, 60_000, {"vf_coef": 0.05}),
+    "acrobot_vf_0.01": ("Acrobot-v1", 15, 60_000, {"vf_coef": 0.01}),
+    "cartpole_vf_0.005": ("CartPole-v1", 18, 60_000, {"vf_coef": 0.005}),
+    "acrobot_default_s10": ("Acrobot-v1", 10, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
