@@ -275,6 +275,30 @@ def ent_large(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause | No
                  f"lower ent_coef (towards {_ref(s)})")
 
 
+def vf_coef_small(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause | None:
+    """A value-loss weight far below the framework's: the critic, trained by the same optimiser step as
+    the policy, learns slowly, so the advantages carry little signal. Stronger when the critic indeed
+    explained almost nothing, and when the policy meanwhile turned near-deterministic."""
+    found = _setting_off(hp, ctx, "vf_coef", above=False)
+    if found is None:
+        return None
+    s, r = found
+    ev = [s.describe()]
+    sup = 0.5 + _bonus(r)
+    name = ctx.first("explained_variance")
+    v = ctx.values_between(name, start, end) if name is not None else np.zeros(0)
+    if v.size >= ctx.s.min_points_to_judge and float(np.median(v)) < ctx.s.cause_critic_explained_variance:
+        sup += 0.2
+        ev.append(f"the critic explained {float(np.median(v)):.2g} of the return's variance")
+    fell, e0, e1 = _entropy_fell(ctx)
+    if fell:
+        sup += 0.15
+        ev.append(f"the policy turned near-deterministic meanwhile (entropy {e0:.3g} -> {e1:.3g})")
+    return Cause("vf_coef_small",
+                 f"value-loss weight too small: {s.describe()}; the critic learns slowly, so the advantages "
+                 f"carry little signal", sup, ev, f"raise vf_coef towards {_ref(s)}")
+
+
 def kl_coef_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
     s = hp.get("kl_coef")
     if s is None:
@@ -468,6 +492,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
         specific = [lr_low(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args), clip_small(*args),
                     epochs_high(*args), lr_high(*args)]
         specific.append(critic_not_fitting(ctx, f.start, f.end, kl, kl_level))
+        specific.append(vf_coef_small(hp, ctx, f.start, f.end))
         const = _reward_constant(ctx)
         if const is not None:
             specific.append(Cause(
@@ -483,7 +508,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
                               f"raise the maximum response length above {mx.value:g} (or mask truncated "
                               f"completions)")]
     elif d in ("value_loss_flat",):
-        specific = [lr_low(*args)]
+        specific = [lr_low(*args), vf_coef_small(hp, ctx, f.start, f.end)]
     elif d in ("signal_collapse",):
         specific = [ent_negative(*args), group_small(hp, ctx, f.start, f.end)]
     elif d == "advantage_degenerate":

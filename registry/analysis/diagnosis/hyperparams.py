@@ -20,6 +20,8 @@ Settings are *knobs* with a canonical name:
 ``target_kl``          KL at which SB3 / CleanRL stop the epochs early
 ``batch_size``         samples per gradient step (SB3 batch_size, verl
                        actor.ppo_mini_batch_size)
+``vf_coef``            weight of the value loss in a loss shared with the policy
+                       (SB3 and CleanRL; verl and TRL train no critic in that loss)
 =====================  ==========================================================
 """
 from __future__ import annotations
@@ -33,18 +35,18 @@ import numpy as np
 from registry.analysis.diagnosis.types import Curve
 
 KNOBS = ("learning_rate", "clip_range", "ent_coef", "n_epochs", "kl_coef", "group_size",
-         "max_response_length", "target_kl", "batch_size")
+         "max_response_length", "target_kl", "batch_size", "vf_coef")
 
 #: Each framework's key(s) for each knob, in its own configuration (flattened, dotted).
 FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     # stable_baselines3/ppo/ppo.py, PPO.__init__ arguments (stable-baselines3 2.9.2).
     "stable-baselines3": {"learning_rate": ("learning_rate",), "clip_range": ("clip_range",),
                           "ent_coef": ("ent_coef",), "n_epochs": ("n_epochs",), "target_kl": ("target_kl",),
-                          "batch_size": ("batch_size",)},
+                          "batch_size": ("batch_size",), "vf_coef": ("vf_coef",)},
     # cleanrl/ppo.py argparse flags (vwxyzjn/cleanrl, commit 020cf0e5).
     "cleanrl": {"learning_rate": ("learning_rate", "learning-rate"), "clip_range": ("clip_coef", "clip-coef"),
                 "ent_coef": ("ent_coef", "ent-coef"), "n_epochs": ("update_epochs", "update-epochs"),
-                "target_kl": ("target_kl", "target-kl")},
+                "target_kl": ("target_kl", "target-kl"), "vf_coef": ("vf_coef", "vf-coef")},
     # trl/trainer/grpo_config.py, GRPOConfig fields (huggingface/trl, commit 006d32c9).
     "trl": {"learning_rate": ("learning_rate",), "clip_range": ("epsilon",), "kl_coef": ("beta",),
             "n_epochs": ("num_iterations",), "group_size": ("num_generations",),
@@ -62,8 +64,9 @@ FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 
 #: Each framework's default per knob, and where it was read.
 FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
-    "stable-baselines3": {"learning_rate": 3e-4, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 10, "batch_size": 64},
-    "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4},
+    "stable-baselines3": {"learning_rate": 3e-4, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 10, "batch_size": 64,
+                          "vf_coef": 0.5},
+    "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4, "vf_coef": 0.5},
     "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 256},
     # rollout.n defaults to 1 ("> 1 for grpo"): no group size to compare a GRPO run with.
     "verl": {"learning_rate": 1e-6, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 1, "kl_coef": 0.001,
@@ -89,6 +92,7 @@ GENERIC_KEYS: dict[str, tuple[str, ...]] = {
     "group_size": ("num_generations", "n_samples_per_prompt"),
     "max_response_length": ("max_completion_length", "max_response_length", "generate_max_len"),
     "target_kl": ("target_kl",),
+    "vf_coef": ("vf_coef",),
     # Ambiguous across frameworks (a rollout, a minibatch, a per-device size): only under a known framework.
     "batch_size": (),
 }
