@@ -144,6 +144,9 @@ class DiagnosisSettings:
     spike_gate_frac: float = 1.0
     #: Trailing window (points) for the running level; the metric's window if larger.
     spike_ref_points: int = 5
+    #: What followed a lone spike is read over this fraction of the run after it (and the reward's
+    #: level before it): KL back in range and the reward not lower make it information.
+    spike_aftermath_frac: float = 0.15
     #: KL persistently above healthy_high: climbing when the rank correlation of the
     #: smoothed KL with time over the climb is at least this.
     climb_min_corr: float = 0.6

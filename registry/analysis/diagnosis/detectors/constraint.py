@@ -92,7 +92,7 @@ def settle_lone_kl_spikes(ctx: Context, findings: list[Finding]) -> None:
         sr = ctx.series(f.metric)
         if reward is None or sr is None or not math.isfinite(high):
             continue
-        window = max(1, int(st.plateau_frac * ctx.span / 2))
+        window = max(1, int(st.spike_aftermath_frac * ctx.span))
         need = ctx.persist(sr.n)
         kl_after = ctx.values_between(f.metric, f.end + 1, f.end + window)
         # The reward's level at the spike (its last points before it), not a mean over a window
