@@ -115,3 +115,18 @@ def test_listing_a_registry_that_needs_an_upgrade_opens_it_and_upgrades_it(tmp_p
     fresh = tmp_path / "new.db"
     assert json.loads(_run_cli_in_a_fresh_interpreter(f"sqlite:///{fresh}", "runs", "--json")["output"])["total"] == 0
     assert fresh.is_file()
+
+
+def test_the_core_listing_reads_postgresql_as_well(registry: Registry):
+    """The same Core path on both backends (this runs on SQLite and on the PostgreSQL server)."""
+    from pathlib import Path
+
+    sweep = Path(__file__).resolve().parent / "data" / "real" / "sb3_sweep"
+    for name in ("cartpole_default_s1", "acrobot_default_s1"):
+        registry.register(sweep / name, name=name, tags=["healthy"])
+    result = _run_cli_in_a_fresh_interpreter(registry.url, "runs", "--tag", "healthy", "--json")
+    assert not result["orm"] and not result["numpy"]
+    data = json.loads(result["output"])
+    rows, total = registry.list_runs(tag="healthy")
+    assert data["total"] == total == 2 and data["runs"] == json.loads(json.dumps(rows))
+    assert {"episode_return_mean", "kl_old_mean"} <= set(data["columns"])
