@@ -112,7 +112,8 @@ def settle_lone_kl_spikes(ctx: Context, findings: list[Finding]) -> None:
         f.severity = "info"
         f.title = (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
                    f"{f.evidence['recent_level']:.3g}; over the next updates it was back at {kl_back:.3g} "
-                   f"(healthy high {high:g}) and {reward} did not fall: a single large update that nothing followed")
+                   f"(healthy high {high:g}) and the reward ({reward}) did not fall: a single large update that nothing "
+                   "followed")
         f.evidence.update(level_next=kl_back, lone=1.0)
         f.causes, f.likely_causes = [], []
         f.suggested_action = "nothing to fix; if such jumps recur, lower the learning rate"
