@@ -11,7 +11,8 @@ each batch measured).
 Printed separately for the tuning part, each held-out batch and all held-out runs together:
 
 * detection recall: labelled problems found by a finding of severity warning or above, of
-  one of the problem's detectors, overlapping its steps;
+  one of the problem's detectors, overlapping its steps (a miss lists any joint reading over its
+  steps, which the user sees but which does not count);
 * detection precision: warning-or-above findings on problem runs whose detector is one of the
   run's problems' detectors or a listed consequence, over all warning-or-above findings on
   problem runs;
@@ -130,8 +131,12 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
             if hit:
                 st["found"] += 1
             else:
+                # A joint reading over those steps is said to the user but is not a finding: not counted.
+                joint = [j.kind for j in d.joint_readings if j.start <= hi and j.end >= lo]
                 st["misses"].append(f"{name}: {prob['detectors']} in steps {lo}-{hi}; found "
-                                    + (", ".join(f.detector for f in warn) or "nothing"))
+                                    + (", ".join(f.detector for f in warn) or "nothing")
+                                    + (f" (joint reading over those steps, not counted: {', '.join(joint)})"
+                                       if joint else ""))
         for f in warn:
             if f.detector in allowed:
                 st["tp"] += 1
