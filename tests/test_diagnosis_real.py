@@ -23,10 +23,9 @@ SWEEP = Path(__file__).parent / "data" / "real" / "sb3_sweep"
 LABELS = yaml.safe_load((SWEEP / "labels.yaml").read_text())["runs"]
 HEALTHY_CARTPOLE = sorted(n for n, lab in LABELS.items() if lab["env"] == "CartPole-v1" and lab["label"] == "healthy")
 PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem")
-#: Held-out problems the diagnosis misses (reported by bench/diagnose_real.py); strict, so a fix shows.
 HEALTHY_ACROBOT = sorted(n for n, lab in LABELS.items() if lab["env"] == "Acrobot-v1" and lab["label"] == "healthy")
 #: Held-out problems the diagnosis misses without a baseline (reported by bench/diagnose_real.py);
-#: strict, so a fix shows. Found once the task has a baseline of its healthy runs.
+#: strict, so a fix shows. Found once the task has a baseline of its healthy runs, except those below.
 KNOWN_MISSES = {
     "acrobot_clip_0.05": "a late rise to -319 (entropy down to 85% of its start) is not judged flat without a "
                          "task range or baseline; its narrow-clip signature is found and names clip_range_small",
