@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
 from sqlalchemy import Connection, Engine, func, select, text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from registry.core.errors import InputError
 from registry.core.hparams import restore_value
+from registry.core.run_fields import ORDERABLE_FIELDS
 from registry.db.dialect import READ_ONLY_OPTION
 from registry.db.engine import make_engine, normalize_url
 from registry.db.migrate import HEAD_REVISION
-from registry.core.run_fields import ORDERABLE_FIELDS
 from registry.db.schema import outcome_scores, run_params, run_tags, runs
 
 # Runs per IN list: under SQLite's bound-parameter limit.
@@ -32,6 +32,8 @@ _ID_CHUNK = 500
 
 
 class Readable(Protocol):
+    """Anything with a ``read()`` context manager that executes Core statements (the store, a RowReader)."""
+
     def read(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
