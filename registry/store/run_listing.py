@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
-from sqlalchemy import Connection, Engine, func, select, text
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
@@ -24,7 +24,7 @@ from registry.core.hparams import restore_value
 from registry.core.run_fields import ORDERABLE_FIELDS
 from registry.db.dialect import READ_ONLY_OPTION
 from registry.db.engine import make_engine, normalize_url
-from registry.db.migrate import HEAD_REVISION
+from registry.db.migrate import HEAD_REVISION, current_revision
 from registry.db.schema import outcome_scores, run_params, run_tags, runs
 
 # Runs per IN list: under SQLite's bound-parameter limit.
@@ -64,9 +64,8 @@ def open_rows(url: str) -> RowReader | None:
             return None
     engine = make_engine(url)
     try:
-        with engine.connect() as conn:
-            revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError:  # no alembic_version table: an empty database, or not a registry
+        revision = current_revision(engine)
+    except DBAPIError:  # not a database, or unreachable: the registry's own opening says why
         revision = None
     except Exception:
         engine.dispose()

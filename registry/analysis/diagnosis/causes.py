@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
-from registry.analysis.diagnosis.hyperparams import DEFAULT_SOURCES, RunSettings, Setting
+from registry.analysis.diagnosis.hyperparams import DEFAULT_SOURCES, FRAMEWORK_DEFAULTS, RunSettings, Setting
 from registry.analysis.diagnosis.types import Finding
 
 #: Support at or above which a cause is named as *the* cause and drives the action.
@@ -418,7 +418,8 @@ def single_update(hp: RunSettings, ctx: Context) -> Setting | None:
         return None
     s = hp.get("n_epochs")
     if s is None:
-        return Setting("n_epochs", 1.0, NOT_RECORDED, 1.0, DEFAULT_SOURCES["trl"], "trl", key="num_iterations")
+        default = FRAMEWORK_DEFAULTS["trl"]["n_epochs"]
+        s = Setting("n_epochs", default, NOT_RECORDED, default, DEFAULT_SOURCES["trl"], "trl", key="num_iterations")
     return s if s.value == 1 else None
 
 
@@ -555,8 +556,8 @@ def apply_uninformative(ctx: Context, findings: list[Finding]) -> None:
             assumed = one.source == NOT_RECORDED
             f.severity = "info"
             f.title = (f"clip fraction {f.evidence.get('median', 0):.3g} is uninformative by construction: "
-                       + (f"this run's {one.name} is not recorded, and with TRL's default of 1 each batch gets one "
-                          "policy update and the ratio is 1" if assumed else
+                       + (f"this run's {one.name} is not recorded, and with TRL's default of {one.value:g} each batch "
+                          "gets one policy update and the ratio is 1" if assumed else
                           f"{one.describe()}, so each batch gets one policy update and the ratio is 1"))
             f.causes = [Cause("clip_uninformative", f.title, 0.7 if assumed else 0.95, [one.describe()], "nothing to fix")]
             f.likely_causes = [f.title]
