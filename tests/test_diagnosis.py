@@ -208,6 +208,41 @@ def test_entropy_cliff_versus_gentle_decline():
     assert f[0].evidence["level_after"] == pytest.approx(0.5, rel=0.05)
 
 
+def test_a_steady_narrowing_is_entropy_collapse_only_beside_a_flat_reward():
+    rng = _rng(41)
+    n = 60
+    narrowing = np.geomspace(1.09, 0.08, n) * (1 + rng.normal(0, 0.01, n))   # no cliff anywhere
+    stuck = np.full(n, -500.0)
+    learning = np.concatenate([np.full(20, -500.0), np.linspace(-500, -90, 20), np.full(20, -88.0)])
+    curves = lambda ret, ent: {"episode_return_mean": _c(ret, 1024), "entropy": _c(ent, 1024)}  # noqa: E731
+
+    d = diagnose(curves(stuck, narrowing), INFOS)
+    f = d.by_detector("entropy_collapse")
+    assert len(f) == 1 and f[0].severity == "warning" and f[0].evidence["gradual"] == 1.0
+    assert f[0].end == n * 1024 and f[0].start < f[0].detected_at < n * 1024 / 2
+    assert f[0].evidence["ratio"] < 0.15       # the medians of its first and last points
+    assert f"fell steadily {f[0].evidence['level_before']:.3g} -> {f[0].evidence['level_after']:.3g}" in f[0].title
+    assert "reward stayed flat (-500 -> -500)" in f[0].title
+    assert f[0].cause == "sparse_reward"          # the return never changed from -500
+    # The flat reward keeps its own cause: a narrowing found beside it does not explain it.
+    assert d.by_detector("reward_flat")[0].cause == "sparse_reward"
+    joint = [j for j in d.joint_readings if j.kind == "converging_without_learning"]
+    assert joint and "the entropy fell steadily from" in joint[0].interpretation
+
+    # The same narrowing while the return rises is a policy that learned: nothing to report.
+    assert not diagnose(curves(learning, narrowing), INFOS).at_least("warning")
+    # A flat reward whose policy keeps exploring (entropy at 90% of its start) is flat, not collapsed.
+    kept = np.linspace(1.09, 0.98, n)
+    assert not diagnose(curves(stuck, kept), INFOS).by_detector("entropy_collapse")
+    # A Gaussian policy's entropy crossing zero gives no ratio: nothing is said.
+    gaussian = np.linspace(1.4, -0.6, n)
+    found = diagnose(curves(stuck, gaussian), INFOS).by_detector("entropy_collapse")
+    assert not [f for f in found if f.evidence.get("gradual")]
+    # The threshold is a setting.
+    loose = DiagnosisSettings(narrowing_entropy_frac=0.05)
+    assert not diagnose(curves(stuck, narrowing), INFOS, settings=loose).by_detector("entropy_collapse")
+
+
 def test_reward_drop_to_zero_and_constant():
     rng = _rng(5)
     n = 300

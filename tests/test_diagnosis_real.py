@@ -33,12 +33,9 @@ KNOWN_MISSES = {
                        "healthy, which only a baseline can tell",
     "acrobot_lr_3e-5": "a return that rises to -124 (healthy -82 to -92): slower than healthy, which only a "
                        "baseline can tell; its clip_low finding names learning_rate_low",
-    "acrobot_vf_0.02": "an entropy that falls steadily to 0.08 with no cliff while the return stays at -500 is no "
-                       "entropy_collapse finding (healthy Acrobot runs fall as low); the diagnosis says it as the "
-                       "joint reading 'converging without learning', and reward_flat names vf_coef_small",
 }
-#: Of those, the ones a baseline does not find either (the healthy runs' late entropy is as low).
-MISSED_EVEN_WITH_A_BASELINE = {"acrobot_vf_0.02"}
+#: Of those, the ones a baseline does not find either.
+MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
 KNOWN_FALSE_ALARMS: dict[str, str] = {}
 BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")

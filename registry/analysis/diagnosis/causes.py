@@ -426,6 +426,17 @@ def single_update(hp: RunSettings, ctx: Context) -> Setting | None:
 # ---------------------------------------------------------------------------------------
 # Per detector: which causes apply
 # ---------------------------------------------------------------------------------------
+def sparse_reward(ctx: Context) -> Cause | None:
+    """A return that never changed over the run: no episode reached another outcome."""
+    const = _reward_constant(ctx)
+    if const is None:
+        return None
+    return Cause("sparse_reward", f"the return never changed from {const:g}: no episode reached another outcome "
+                 f"(a sparse reward that exploration has not found)", 0.8,
+                 [f"{100 * ctx.s.cause_constant_share:.0f}% or more of the logged returns equal {const:g}"],
+                 "explore more (entropy bonus, longer rollouts) or shape the reward")
+
+
 def _generic(f: Finding, support: float = 0.15) -> list[Cause]:
     return [Cause("generic", text, support) for text in f.likely_causes]
 
@@ -458,6 +469,8 @@ def _after_collapse(ctx: Context, f: Finding) -> list[Cause]:
     for c in ctx.findings:
         if c.detector != "entropy_collapse" or not c.at_least("warning") or c.start > f.start + tol:
             continue
+        if c.evidence.get("gradual"):
+            continue  # found beside a flat reward: it accompanies that reward, it does not explain it
         root = c.causes[0] if c.causes and c.causes[0].support >= NAMED_SUPPORT else None
         text = (f"the policy collapsed at step {c.start} (entropy {c.evidence.get('level_before', 0):.3g} -> "
                 f"{c.evidence.get('level_after', 0):.3g}), so updates no longer change it"
@@ -485,6 +498,10 @@ def rank_causes(ctx: Context, f: Finding) -> None:
             specific.append(batch_small(*args))
     elif d == "entropy_collapse":
         specific = [ent_negative(*args), lr_high(*args), epochs_high(*args), clip_large(*args)]
+        if f.evidence.get("gradual"):
+            # A narrowing beside a flat reward: the advantages carried no signal to learn from.
+            specific += [critic_not_fitting(ctx, f.start, f.end, kl, kl_level),
+                         vf_coef_small(hp, ctx, f.start, f.end), sparse_reward(ctx)]
     elif d in ("reward_drop", "reward_zero"):
         specific = [lr_high(*args), epochs_high(*args), ent_negative(*args), clip_large(*args)]
     elif d == "clip_low":
@@ -494,13 +511,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
                     epochs_high(*args), lr_high(*args)]
         specific.append(critic_not_fitting(ctx, f.start, f.end, kl, kl_level))
         specific.append(vf_coef_small(hp, ctx, f.start, f.end))
-        const = _reward_constant(ctx)
-        if const is not None:
-            specific.append(Cause(
-                "sparse_reward", f"the return never changed from {const:g}: no episode reached another outcome "
-                f"(a sparse reward that exploration has not found)", 0.8,
-                [f"{100 * ctx.s.cause_constant_share:.0f}% or more of the logged returns equal {const:g}"],
-                "explore more (entropy bonus, longer rollouts) or shape the reward"))
+        specific.append(sparse_reward(ctx))
     elif d == "truncation":
         mx = hp.get("max_response_length")
         if mx is not None:

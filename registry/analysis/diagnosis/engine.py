@@ -322,7 +322,8 @@ def joint_readings(ctx: Context, findings: Sequence[Finding]) -> list[JointReadi
         if r0 is not None and r1 is not None:
             parts.append(f"the reward went from {r0:.4g} to {r1:.4g}")
         if ec:
-            parts.append(f"the entropy fell off a cliff from {ec[0].evidence.get('level_before', 0):.3g} to "
+            how = "fell steadily" if ec[0].evidence.get("gradual") else "fell off a cliff"
+            parts.append(f"the entropy {how} from {ec[0].evidence.get('level_before', 0):.3g} to "
                          f"{ec[0].evidence.get('level_after', 0):.3g}")
         elif ev:
             parts.append(f"the entropy fell from {ev['entropy_start']:.3g} to {ev['entropy_end']:.3g}")

@@ -18,6 +18,7 @@ from registry.analysis.diagnosis.detectors.constraint import (
     detect_clip_high,
     detect_clip_low,
     detect_entropy_collapse,
+    detect_entropy_narrowing,
     detect_kl_climb,
     detect_kl_spike,
     detect_policy_loss_growing,
@@ -48,6 +49,7 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("reward_zero", detect_reward_zero),
     ("reward_drop", detect_reward_drop),
     ("reward_flat", detect_reward_flat),
+    ("entropy_collapse", detect_entropy_narrowing),     # reads reward_flat's findings
     ("length_hacking", detect_length_hacking),
     ("value_loss_flat", detect_value_loss_flat),
     ("signal_collapse", detect_signal_collapse),
@@ -55,4 +57,4 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("grad_norm_spikes", detect_grad_spikes),
     ("policy_loss_growing", detect_policy_loss_growing),
 ) + JOINT_DETECTORS
-DETECTOR_IDS = tuple(d for d, _ in DETECTORS) + ("baseline_deviation",)
+DETECTOR_IDS = tuple(dict.fromkeys(d for d, _ in DETECTORS)) + ("baseline_deviation",)

@@ -369,6 +369,57 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
     return top(found, ctx, "level_before")
 
 
+def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
+    """A policy that turned near-deterministic steadily, with no cliff, while its reward never improved.
+
+    Healthy control runs end with a low entropy too, so a gradual narrowing is judged only beside
+    the reward's own evidence: over the stretch the reward_flat detector found flat (a warning), the
+    entropy ended below ``narrowing_entropy_frac`` of its start. Such a policy has stopped
+    exploring without having learned, so training on will not find the reward. A cliff is left to
+    :func:`detect_entropy_collapse`; an entropy at or below zero (a Gaussian policy's) gives no
+    ratio, and then nothing is said. Runs after ``detect_reward_flat``.
+    """
+    found = ctx.first_series("entropy")
+    if found is None:
+        return []
+    name, sr, _ = found
+    st = ctx.s
+    out = []
+    for rf in ctx.findings:
+        if rf.detector != "reward_flat" or not rf.at_least("warning") or ctx.overlapping(
+                "entropy_collapse", rf.start, rf.end):
+            continue
+        lo, hi = np.searchsorted(sr.raw_steps, [rf.start, rf.end + 1])
+        steps, v = sr.raw_steps[lo:hi], sr.raw_values[lo:hi]
+        if v.size < st.min_points_to_judge:
+            continue
+        k = ctx.early(v.size)
+        e0, e1 = float(np.median(v[:k])), float(np.median(v[-k:]))
+        if e0 <= TINY or e1 <= 0 or e1 > st.narrowing_entropy_frac * e0:
+            continue
+        smooth = rolling_median(v, k, "trailing")
+        # From where the narrowing began (a tenth of the way down) to the end of the flat stretch.
+        began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
+        crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
+        r0, r1 = rf.evidence.get("early_level"), rf.evidence.get("late_level")
+        reward = f" ({r0:.4g} -> {r1:.4g})" if r0 is not None and r1 is not None else ""
+        out.append(ctx.finding(
+            "entropy_collapse", name, int(steps[began]), rf.end, "warning",
+            f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) while the reward "
+            f"stayed flat{reward}: the policy turned near-deterministic without learning",
+            evidence={"level_before": e0, "level_after": e1, "ratio": e1 / e0, "gradual": 1.0,
+                      "threshold_frac": st.narrowing_entropy_frac},
+            causes=["the advantages carry no signal (a reward never reached, or a critic that fits nothing), "
+                    "so the policy sharpens on noise",
+                    "a negative entropy coefficient", "no entropy bonus on a sparse task"],
+            check=["explained variance and value loss (does the critic fit?)",
+                   "how often a non-zero reward is seen", "entropy coefficient"],
+            action="restart rather than resume (the policy no longer explores): fix what keeps the advantages "
+                   "empty, or add an entropy bonus",
+            detected_at=int(steps[crossed]), related=["episode_return_mean", "explained_variance"]))
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Value loss not decreasing
 # ---------------------------------------------------------------------------------------
