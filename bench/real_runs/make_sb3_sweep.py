@@ -135,6 +135,20 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_vf_0.01": ("Acrobot-v1", 15, 60_000, {"vf_coef": 0.01}),
     "cartpole_vf_0.005": ("CartPole-v1", 18, 60_000, {"vf_coef": 0.005}),
     "acrobot_default_s10": ("Acrobot-v1", 10, 60_000, {}),
+    # A tenth held-out batch, placed before training to measure the narrowing change (an entropy that
+    # falls steadily to under half its start while the reward stays flat is an entropy collapse):
+    # value-loss weights that failed once at other seeds, MountainCar without and with an entropy bonus
+    # (a flat reward whose policy narrows, and one whose policy keeps exploring), a mildly negative
+    # entropy coefficient, Pendulum (a Gaussian policy's entropy) and fresh healthy seeds.
+    "acrobot_vf_0.02_s16": ("Acrobot-v1", 16, 60_000, {"vf_coef": 0.02}),
+    "acrobot_vf_0.02_s17": ("Acrobot-v1", 17, 60_000, {"vf_coef": 0.02}),
+    "acrobot_vf_0.005": ("Acrobot-v1", 18, 60_000, {"vf_coef": 0.005}),
+    "mountaincar_default_s2": ("MountainCar-v0", 2, 60_000, {}),
+    "mountaincar_ent_0.01": ("MountainCar-v0", 3, 60_000, {"ent_coef": 0.01}),
+    "acrobot_ent_-0.02": ("Acrobot-v1", 16, 60_000, {"ent_coef": -0.02}),
+    "pendulum_default_s2": ("Pendulum-v1", 2, 60_000, {}),
+    "acrobot_default_s11": ("Acrobot-v1", 11, 60_000, {}),
+    "cartpole_default_s12": ("CartPole-v1", 12, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
