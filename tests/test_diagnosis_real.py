@@ -33,6 +33,8 @@ KNOWN_MISSES = {
                        "healthy, which only a baseline can tell",
     "acrobot_lr_3e-5": "a return that rises to -124 (healthy -82 to -92): slower than healthy, which only a "
                        "baseline can tell; its clip_low finding names learning_rate_low",
+    "mountaincar_default_s2": "its entropy's last drop (0.39 -> 0.20 within 4 updates, at -200 throughout) is a "
+                              "cliff, whose causes are those of a large update: none is named",
 }
 #: Of those, the ones a baseline does not find either.
 MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
@@ -127,7 +129,7 @@ def test_a_baseline_of_the_tasks_healthy_runs_finds_what_the_dictionary_alone_mi
         d = diagnose_run(registry, name, use_baseline=False)
         assert d.healthy, [f.summary() for f in d.at_least("warning")]
     build_task_baseline(registry, "Acrobot-v1", HEALTHY_ACROBOT, author="test")
-    for name in KNOWN_MISSES:
+    for name in [n for n in KNOWN_MISSES if LABELS[n]["env"] == "Acrobot-v1"]:
         d = diagnose_run(registry, name)
         assert d.baseline_note == f"baseline of n={len(HEALTHY_ACROBOT)} healthy runs"
         if name in MISSED_EVEN_WITH_A_BASELINE:  # strict: a fix shows here

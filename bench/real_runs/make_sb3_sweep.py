@@ -166,12 +166,16 @@ def train(name: str, env_id: str, seed: int, steps: int, overrides: dict) -> Pat
     import torch
     from stable_baselines3 import PPO, __version__ as sb3_version
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.logger import HParam
 
     torch.set_num_threads(1)
     overrides = {**BASE, **overrides}
+    # Several environments stepped together (the zoo's tuned configurations use them): one rollout
+    # is then n_steps per environment, and the hyperparameters record how many there were.
+    n_envs = int(overrides.pop("n_envs", 1))
     params = {**SB3_PPO_DEFAULTS, **overrides}
-    record = {"env": env_id, "algorithm": "PPO", "framework": "stable-baselines3", "seed": seed,
+    record = {"env": env_id, "algorithm": "PPO", "framework": "stable-baselines3", "seed": seed, "n_envs": n_envs,
               "total_timesteps": steps, "sb3_version": sb3_version, "torch_version": torch.__version__, **params}
 
     class LogHParams(BaseCallback):
@@ -184,7 +188,8 @@ def train(name: str, env_id: str, seed: int, steps: int, overrides: dict) -> Pat
             return True
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = PPO("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, tensorboard_log=tmp,
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed) if n_envs > 1 else env_id
+        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, tensorboard_log=tmp,
                     **{k: v for k, v in overrides.items()})
         model.learn(total_timesteps=steps, callback=LogHParams(), tb_log_name=name)
         files = sorted(Path(tmp).rglob("events.out.tfevents.*"))
