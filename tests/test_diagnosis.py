@@ -241,6 +241,11 @@ def test_a_steady_narrowing_is_entropy_collapse_only_beside_a_flat_reward():
     # The threshold is a setting.
     loose = DiagnosisSettings(narrowing_entropy_frac=0.05)
     assert not diagnose(curves(stuck, narrowing), INFOS, settings=loose).by_detector("entropy_collapse")
+    # A narrowing that ends in a cliff is the cliff detector's; beside the same flat reward it names the
+    # same cause, not a large update that nothing in the run shows.
+    cliff = np.concatenate([np.linspace(1.09, 0.4, 50), np.full(10, 0.15)])
+    f = diagnose(curves(stuck, cliff), INFOS).by_detector("entropy_collapse")
+    assert len(f) == 1 and "off a cliff" in f[0].title and f[0].cause == "sparse_reward"
 
 
 def test_reward_drop_to_zero_and_constant():

@@ -33,8 +33,6 @@ KNOWN_MISSES = {
                        "healthy, which only a baseline can tell",
     "acrobot_lr_3e-5": "a return that rises to -124 (healthy -82 to -92): slower than healthy, which only a "
                        "baseline can tell; its clip_low finding names learning_rate_low",
-    "mountaincar_default_s2": "its entropy's last drop (0.39 -> 0.20 within 4 updates, at -200 throughout) is a "
-                              "cliff, whose causes are those of a large update: none is named",
 }
 #: Of those, the ones a baseline does not find either.
 MISSED_EVEN_WITH_A_BASELINE: set[str] = set()

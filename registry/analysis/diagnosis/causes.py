@@ -498,8 +498,9 @@ def rank_causes(ctx: Context, f: Finding) -> None:
             specific.append(batch_small(*args))
     elif d == "entropy_collapse":
         specific = [ent_negative(*args), lr_high(*args), epochs_high(*args), clip_large(*args)]
-        if f.evidence.get("gradual"):
-            # A narrowing beside a flat reward: the advantages carried no signal to learn from.
+        flat = any(g.at_least("warning") for g in ctx.overlapping("reward_flat", f.start, f.end))
+        if f.evidence.get("gradual") or flat:
+            # A narrowing (steady, or a cliff) beside a flat reward: the advantages carried no signal.
             specific += [critic_not_fitting(ctx, f.start, f.end, kl, kl_level),
                          vf_coef_small(hp, ctx, f.start, f.end), sparse_reward(ctx)]
     elif d in ("reward_drop", "reward_zero"):
