@@ -157,6 +157,33 @@ def test_one_noisy_clip_point_does_not_fire_but_a_persistent_excursion_does():
     assert [(x.start, x.severity) for x in f] == [(51, "warning")] and "short burst" in f[0].title
 
 
+def test_a_brief_clip_excursion_that_nothing_followed_is_information_and_a_harmful_or_long_one_is_not():
+    rng = _rng(21)
+    n = 24                               # the zoo's Pendulum runs log 24 updates
+    clip = np.clip(0.26 + rng.normal(0, 0.015, n), 0, 1)
+    clip[5:8] = [0.315, 0.326, 0.341]    # three updates above 0.3, then back near 0.27
+    rising = np.linspace(-1300, -190, n) + rng.normal(0, 10, n)
+    curves = lambda c, r: {"clip_fraction": _c(c, 4096), "episode_return_mean": _c(r, 4096)}  # noqa: E731
+    d = diagnose(curves(clip, rising), INFOS)
+    (f,) = d.by_detector("clip_high")
+    assert f.severity == "info" and "brief excursion that nothing followed" in f.title and not f.causes
+    assert d.healthy
+    # The same excursion followed by a falling return stays a problem.
+    falling = rising.copy()
+    falling[8:] = np.linspace(rising[7], -1400, n - 8)
+    assert diagnose(curves(clip, falling), INFOS).by_detector("clip_high")[0].severity == "warning"
+    # Twice the persistence or longer is a regime, not an excursion.
+    long = clip.copy()
+    long[5:13] = 0.33
+    assert diagnose(curves(long, rising), INFOS).by_detector("clip_high")[0].severity == "warning"
+    # A clip fraction that stays up afterwards is no excursion either.
+    stays = clip.copy()
+    stays[5:] = 0.33 + rng.normal(0, 0.005, n - 5)
+    assert diagnose(curves(stays, rising), INFOS).by_detector("clip_high")[0].severity == "warning"
+    # Without a reward curve nothing shows that it did no harm.
+    assert diagnose({"clip_fraction": _c(clip, 4096)}, INFOS).by_detector("clip_high")[0].severity == "warning"
+
+
 def test_clip_low_needs_kl_corroboration():
     rng = _rng(3)
     clip = np.clip(0.02 + rng.normal(0, 0.002, 100), 0, 1)

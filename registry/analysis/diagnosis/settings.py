@@ -147,6 +147,9 @@ class DiagnosisSettings:
     #: What followed a lone spike is read over this fraction of the run after it (and the reward's
     #: level before it): KL back in range and the reward not lower make it information.
     spike_aftermath_frac: float = 0.15
+    #: A clip fraction above its healthy high for at most this many times the persistence, back
+    #: under it afterwards with the reward not lower and nothing else following, is information.
+    clip_excursion_persist_factor: float = 2.0
     #: KL persistently above healthy_high: climbing when the rank correlation of the
     #: smoothed KL with time over the climb is at least this.
     climb_min_corr: float = 0.6

@@ -71,6 +71,46 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
     return out
 
 
+def _nothing_followed(ctx: Context, f: Finding, findings: list[Finding]) -> bool | None:
+    """Did the run carry on unharmed after ``f``? None when that cannot be seen (no reward curve, or
+    too few points before or after it); False when the reward fell below its level at ``f`` over the
+    following updates, or another warning starts from ``f`` on; True otherwise."""
+    st = ctx.s
+    reward = ctx.first("reward")
+    sr = ctx.series(f.metric)
+    if reward is None or sr is None:
+        return None
+    window = max(1, int(st.spike_aftermath_frac * ctx.span))
+    need = ctx.persist(sr.n)
+    # The reward's level at f (its last points before it), not a mean over a window that trails a
+    # rising curve, against the updates after it.
+    before = ctx.values_between(reward, f.start - window, f.start - 1)[-need:]
+    after = ctx.values_between(reward, f.end + 1, f.end + window)
+    if min(after.size, before.size, ctx.values_between(f.metric, f.end + 1, f.end + window).size) < need:
+        return None
+    noise = noise_sigma(ctx.values_between(reward, f.start - window, f.end + window))
+    if not ctx.higher_is_better(reward):
+        before, after = -before, -after
+    if float(np.median(after)) < float(np.median(before)) - noise:
+        return False
+    tol = int(st.joint_overlap_frac * ctx.span)
+    return not any(g is not f and g.at_least("warning") and g.end >= f.start - tol for g in findings)
+
+
+def _level_after(ctx: Context, f: Finding) -> float:
+    window = max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
+    return float(np.median(ctx.values_between(f.metric, f.end + 1, f.end + window)))
+
+
+def _settle(f: Finding, title: str, action: str, **evidence: float) -> None:
+    f.severity = "info"
+    f.title = title
+    f.evidence.update(evidence)
+    f.causes, f.likely_causes = [], []
+    f.suggested_action = action
+    f.rollback_step = None
+
+
 def settle_lone_kl_spikes(ctx: Context, findings: list[Finding]) -> None:
     """A KL spike that nothing followed is information, not a problem.
 
@@ -81,43 +121,53 @@ def settle_lone_kl_spikes(ctx: Context, findings: list[Finding]) -> None:
     would be advice the run's own data contradicts. Without a reward curve, or with too few points
     after the spike to see what followed, the spike stays a warning.
     """
-    st = ctx.s
     reward = ctx.first("reward")
-    spikes = [f for f in findings if f.detector == "kl_spike" and f.severity == "warning"]
-    tol = int(st.joint_overlap_frac * ctx.span)
-    for f in spikes:
+    for f in [f for f in findings if f.detector == "kl_spike" and f.severity == "warning"]:
         if sum(g.detector == "kl_spike" and g.metric == f.metric for g in findings) != 1:
             continue
         high = f.evidence.get("healthy_high", float("nan"))
-        sr = ctx.series(f.metric)
-        if reward is None or sr is None or not math.isfinite(high):
+        if not math.isfinite(high) or not _nothing_followed(ctx, f, findings):
             continue
-        window = max(1, int(st.spike_aftermath_frac * ctx.span))
-        need = ctx.persist(sr.n)
-        kl_after = ctx.values_between(f.metric, f.end + 1, f.end + window)
-        # The reward's level at the spike (its last points before it), not a mean over a window
-        # that trails a rising curve, against the updates after it.
-        before = ctx.values_between(reward, f.start - window, f.start - 1)[-need:]
-        after = ctx.values_between(reward, f.end + 1, f.end + window)
-        if min(kl_after.size, after.size, before.size) < need:
+        kl_back = _level_after(ctx, f)
+        if kl_back > high:
             continue
-        kl_back = float(np.median(kl_after))
-        noise = noise_sigma(ctx.values_between(reward, f.start - window, f.end + window))
-        if not ctx.higher_is_better(reward):
-            before, after = -before, -after
-        reward_kept = float(np.median(after)) >= float(np.median(before)) - noise
-        followed = [g for g in findings if g is not f and g.at_least("warning") and g.end >= f.start - tol]
-        if kl_back > high or not reward_kept or followed:
-            continue
-        f.severity = "info"
-        f.title = (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
+        _settle(f, f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
                    f"{f.evidence['recent_level']:.3g}; over the next updates it was back at {kl_back:.3g} "
-                   f"(healthy high {high:g}) and the reward ({reward}) did not fall: a single large update that nothing "
-                   "followed")
-        f.evidence.update(level_next=kl_back, lone=1.0)
-        f.causes, f.likely_causes = [], []
-        f.suggested_action = "nothing to fix; if such jumps recur, lower the learning rate"
-        f.rollback_step = None
+                   f"(healthy high {high:g}) and the reward ({reward}) did not fall: a single large update that "
+                   "nothing followed",
+                "nothing to fix; if such jumps recur, lower the learning rate", level_next=kl_back, lone=1.0)
+
+
+def settle_brief_clip_excursions(ctx: Context, findings: list[Finding]) -> None:
+    """A clip fraction a little above its healthy high for a few updates, that nothing followed, is
+    information, not a problem.
+
+    Configurations tuned for fast learning (the zoo's Pendulum PPO: learning rate 1e-3, gSDE) run
+    with a clip fraction near 0.3; crossing it for a few updates while the reward keeps rising says
+    nothing is wrong, and "lower the learning rate" would be advice the run's own data contradicts.
+    Only a stretch of the persistent kind, below the critical factor, at most twice the persistence,
+    the clip fraction back under its high over the following updates, the reward not lower, and no
+    other warning from it on; otherwise, or when what followed cannot be seen, it stays a warning.
+    """
+    st = ctx.s
+    reward = ctx.first("reward")
+    for f in [f for f in findings if f.detector == "clip_high" and f.severity == "warning"]:
+        sr = ctx.series(f.metric)
+        if "median" not in f.evidence or "healthy_high" not in f.evidence or sr is None:
+            continue                       # a single burst, or clipped small steps: not this kind
+        high = f.evidence["healthy_high"]
+        if f.evidence["points"] > st.clip_excursion_persist_factor * ctx.persist(sr.n):
+            continue
+        if not _nothing_followed(ctx, f, findings):
+            continue
+        back = _level_after(ctx, f)
+        if back > high:
+            continue
+        _settle(f, f"clip fraction above {high:g} for {f.evidence['points']:.0f} updates (median "
+                   f"{f.evidence['median']:.3g}); over the next updates it was back at {back:.3g} and the reward "
+                   f"({reward}) did not fall: a brief excursion that nothing followed",
+                "nothing to fix; if it recurs or lasts, lower the learning rate or use fewer epochs",
+                level_next=back, brief=1.0)
 
 
 def detect_kl_climb(ctx: Context) -> list[Finding]:
