@@ -167,6 +167,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "pendulum_zoo_s2": ("Pendulum-v1", 2, 100_000, PENDULUM_ZOO),
     "pendulum_zoo_s3": ("Pendulum-v1", 3, 100_000, PENDULUM_ZOO),
     "cartpole_default_s13": ("CartPole-v1", 13, 60_000, {}),
+    # A twelfth held-out batch, placed before training after the eleventh batch's false alarm (a brief
+    # clip-fraction excursion on a healthy zoo Pendulum run is now information): more zoo Pendulum seeds,
+    # the zoo configuration at three times its learning rate (where the clip fraction may really stay
+    # high), and more default seeds on the sparse tasks for the cliff-cause change.
+    "pendulum_zoo_s4": ("Pendulum-v1", 4, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s5": ("Pendulum-v1", 5, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s6": ("Pendulum-v1", 6, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_lr_3e-3": ("Pendulum-v1", 7, 100_000, {**PENDULUM_ZOO, "learning_rate": 3e-3}),
+    "pendulum_zoo_lr_1e-2": ("Pendulum-v1", 8, 100_000, {**PENDULUM_ZOO, "learning_rate": 1e-2}),
+    "mountaincar_default_s5": ("MountainCar-v0", 5, 60_000, {}),
+    "mountaincar_default_s6": ("MountainCar-v0", 6, 60_000, {}),
+    "acrobot_default_s15": ("Acrobot-v1", 15, 60_000, {}),
+    "acrobot_default_s16": ("Acrobot-v1", 16, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
