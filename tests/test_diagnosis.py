@@ -182,6 +182,17 @@ def test_a_brief_clip_excursion_that_nothing_followed_is_information_and_a_harmf
     assert diagnose(curves(stays, rising), INFOS).by_detector("clip_high")[0].severity == "warning"
     # Without a reward curve nothing shows that it did no harm.
     assert diagnose({"clip_fraction": _c(clip, 4096)}, INFOS).by_detector("clip_high")[0].severity == "warning"
+    # The KL above its high over the same updates is the same event: both are information together.
+    kl = 0.03 * np.exp(rng.normal(0, 0.05, n))
+    kl[5:8] = [0.056, 0.061, 0.058]
+    both = diagnose(dict(curves(clip, rising), kl_old_mean=_c(kl, 4096)), INFOS)
+    assert [(f.detector, f.severity) for f in both.findings if f.detector in ("clip_high", "kl_climb")] \
+        == [("kl_climb", "info"), ("clip_high", "info")], [f.summary() for f in both.findings]
+    assert "(with clip_high)" in both.by_detector("kl_climb")[0].title and both.healthy
+    # ... and both stay problems when the KL climbs on afterwards.
+    kl[8:12] = [0.07, 0.09, 0.12, 0.15]
+    worse = diagnose(dict(curves(clip, rising), kl_old_mean=_c(kl, 4096)), INFOS)
+    assert worse.by_detector("clip_high")[0].severity == "warning" and not worse.healthy
 
 
 def test_clip_low_needs_kl_corroboration():
@@ -273,6 +284,22 @@ def test_a_steady_narrowing_is_entropy_collapse_only_beside_a_flat_reward():
     cliff = np.concatenate([np.linspace(1.09, 0.4, 50), np.full(10, 0.15)])
     f = diagnose(curves(stuck, cliff), INFOS).by_detector("entropy_collapse")
     assert len(f) == 1 and "off a cliff" in f[0].title and f[0].cause == "sparse_reward"
+
+
+def test_a_reward_that_climbs_and_slides_back_is_a_drop_only_against_a_task_range():
+    rng = _rng(42)
+    pendulum = default_metric_infos("Pendulum-v1")
+    climb = np.linspace(-1250, -420, 10)
+    slide = np.concatenate([climb, np.linspace(-430, -770, 8), np.full(7, -700.0)]) + rng.normal(0, 15, 25)
+    f = diagnose({"episode_return_mean": _c(slide, 4096)}, pendulum).by_detector("reward_drop")
+    assert len(f) == 1 and f[0].evidence["gradual"] == 1.0 and f[0].severity == "warning"
+    assert f[0].evidence["fraction_lost"] > 0.3 and "slid back from its best" in f[0].title
+    assert 8 * 4096 <= f[0].start <= 11 * 4096
+    # A healthy run's late dip (a few percent of what it gained) is no drop.
+    dip = np.concatenate([np.linspace(-1250, -230, 17), [-240, -255, -262, -270, -290, -275, -265, -261]])
+    assert not diagnose({"episode_return_mean": _c(dip + rng.normal(0, 5, 25), 4096)}, pendulum).at_least("warning")
+    # Without a task range nothing says how large a loss is: nothing is said.
+    assert not diagnose({"episode_return_mean": _c(slide, 4096)}, INFOS).by_detector("reward_drop")
 
 
 def test_reward_drop_to_zero_and_constant():

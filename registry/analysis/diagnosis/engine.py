@@ -16,7 +16,7 @@ from registry.analysis.diagnosis.causes import (
 )
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors import DETECTORS
-from registry.analysis.diagnosis.detectors.constraint import settle_brief_clip_excursions, settle_lone_kl_spikes
+from registry.analysis.diagnosis.detectors.constraint import settle_brief_excursions
 from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
 from registry.analysis.diagnosis.types import (
@@ -66,8 +66,7 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
     if baseline is not None:
         ctx.findings.extend(check_baseline(ctx, baseline))
     apply_uninformative(ctx, ctx.findings)
-    settle_lone_kl_spikes(ctx, ctx.findings)
-    settle_brief_clip_excursions(ctx, ctx.findings)
+    settle_brief_excursions(ctx, ctx.findings)
     order = {d: i for i, d in enumerate(RANK_ORDER)}
     for f in sorted(ctx.findings, key=lambda f: (order.get(f.detector, len(order)), f.start)):
         # Information is not a problem to explain: only warnings and worse get ranked causes.

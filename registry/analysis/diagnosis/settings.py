@@ -114,6 +114,9 @@ class DiagnosisSettings:
     drop_frac: float = 0.3
     #: ... and be this many times the run's own point-to-point noise (robust).
     drop_noise_k: float = 6.0
+    #: A gradual slide back (judged only with a task range) must also lose this fraction of the
+    #: range: the range says what a large loss is where the noise estimate cannot.
+    regress_min_range_frac: float = 0.05
     #: Reward flat: improvement from the early to the late part smaller than this fraction
     #: of the healthy (task) range, while the late level is below ``flat_max_level`` of it.
     flat_min_improvement: float = 0.12
@@ -147,7 +150,7 @@ class DiagnosisSettings:
     #: What followed a lone spike is read over this fraction of the run after it (and the reward's
     #: level before it): KL back in range and the reward not lower make it information.
     spike_aftermath_frac: float = 0.15
-    #: A clip fraction above its healthy high for at most this many times the persistence, back
+    #: A KL or clip fraction above its healthy high for at most this many times the persistence, back
     #: under it afterwards with the reward not lower and nothing else following, is information.
     clip_excursion_persist_factor: float = 2.0
     #: KL persistently above healthy_high: climbing when the rank correlation of the

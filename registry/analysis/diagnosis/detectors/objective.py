@@ -199,7 +199,49 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
                    "reward components and sample outputs after the drop"],
             action="resume from a checkpoint before the drop with a lower learning rate or a stronger KL penalty",
             detected_at=sr.step(min(c + M - 1, n - 1)), related=["kl_old_mean", "entropy"]))
+    if not found:
+        found = _reward_regression(ctx, name, sr, y, sign, low, high)
     return top(found, ctx, "fraction_lost")
+
+
+def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign: float, low: float | None,
+                       high: float | None) -> list[Finding]:
+    """A reward that climbed and then slid back over several updates: a drop too gradual for the
+    sudden-drop test, whose noise estimate the fast climb before it inflates.
+
+    Judged only with a healthy (task) range, whose width says what a large loss is: the smoothed
+    reward falls below its running best by at least ``drop_frac`` of what the run had gained over its
+    early level, and by at least ``regress_min_range_frac`` of the range, for ``persist`` points.
+    """
+    st = ctx.s
+    n = sr.n
+    if low is None or high is None or high <= low or n < st.min_points_to_judge:
+        return []
+    width = high - low
+    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    y0 = float(np.median(y[:ctx.early(n)]))
+    best = np.maximum.accumulate(s)
+    gain, lost = best - y0, best - s
+    cond = (gain > 0) & (lost >= st.drop_frac * gain) & (lost >= st.regress_min_range_frac * width)
+    M = ctx.persist(n)
+    out = []
+    for a, b in runs(cond, M)[:1]:
+        peak = int(np.argmax(s[:a + 1]))
+        worst = a + int(np.argmin(s[a:b + 1]))
+        share = float(lost[worst] / gain[worst])
+        out.append(ctx.finding(
+            "reward_drop", name, sr.step(peak), sr.step_end(b), "critical" if share >= 0.8 else "warning",
+            f"reward slid back from its best {sign * float(s[peak]):.4g} to {sign * float(s[worst]):.4g} over "
+            f"{worst - peak} updates, losing {100 * share:.0f}% of what the run had gained "
+            f"({100 * float(lost[worst]) / width:.0f}% of the task range)",
+            evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
+                      "fraction_lost": share, "range_fraction_lost": float(lost[worst]) / width, "gradual": 1.0},
+            causes=["updates too large for this task (learning rate too high, too many epochs)",
+                    "policy collapse (entropy fell to zero)", "a change in the reward function or data distribution"],
+            check=["KL and clip fraction from the best point on", "entropy around the slide"],
+            action="resume from a checkpoint near the best point with a lower learning rate or fewer epochs",
+            detected_at=sr.step(min(a + M - 1, n - 1)), related=["kl_old_mean", "clip_fraction"]))
+    return out
 
 
 def detect_reward_flat(ctx: Context) -> list[Finding]:
