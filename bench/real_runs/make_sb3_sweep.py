@@ -180,6 +180,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "mountaincar_default_s6": ("MountainCar-v0", 6, 60_000, {}),
     "acrobot_default_s15": ("Acrobot-v1", 15, 60_000, {}),
     "acrobot_default_s16": ("Acrobot-v1", 16, 60_000, {}),
+    # A thirteenth held-out batch, placed before training after the twelfth batch's changes (a reward
+    # that climbs and slides back is a drop; brief KL and clip excursions that nothing followed are
+    # information): more zoo Pendulum seeds, learning rates between the zoo's and the failing ones, many
+    # epochs, and learning rates that may undo what CartPole and Acrobot learned.
+    "pendulum_zoo_s7": ("Pendulum-v1", 9, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s8": ("Pendulum-v1", 10, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s9": ("Pendulum-v1", 11, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_lr_2e-3": ("Pendulum-v1", 12, 100_000, {**PENDULUM_ZOO, "learning_rate": 2e-3}),
+    "pendulum_zoo_lr_5e-3": ("Pendulum-v1", 13, 100_000, {**PENDULUM_ZOO, "learning_rate": 5e-3}),
+    "pendulum_zoo_epochs_40": ("Pendulum-v1", 14, 100_000, {**PENDULUM_ZOO, "n_epochs": 40}),
+    "cartpole_lr_1e-2_s3": ("CartPole-v1", 3, 60_000, {"learning_rate": 1e-2}),
+    "acrobot_lr_1e-2_s3": ("Acrobot-v1", 3, 60_000, {"learning_rate": 1e-2}),
+    "cartpole_default_s14": ("CartPole-v1", 14, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
