@@ -1,8 +1,8 @@
 """Train the labelled real run set: stable-baselines3 PPO on CPU over a hyperparameter sweep.
 
-Each run trains one PPO agent (one environment, one torch thread) and writes its TensorBoard
-event file, with the run's hyperparameters both as an HParams summary in the event file and
-as ``params.json`` beside it, to ``tests/data/real/sb3_sweep/<run>/``. Runs are trained one
+Each run trains one PPO agent (one environment unless it says ``n_envs``, one torch thread) and
+writes its TensorBoard event file, with the run's hyperparameters both as an HParams summary in
+the event file and as ``params.json`` beside it, to ``tests/data/real/sb3_sweep/<run>/``. Runs are trained one
 after another (the machine is shared); a run whose directory already holds an event file is
 skipped, so the script can be resumed.
 

@@ -179,12 +179,12 @@ def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
         return (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
                 f"{f.evidence['recent_level']:.3g}; {then}: a single large update that nothing followed")
     if f.detector == "kl_climb":
-        return (f"KL above its healthy high for {f.evidence['points_above']:.0f} updates (up to "
+        return (f"KL above its healthy high for {f.evidence['points_above']:.0f} points (up to "
                 f"{f.evidence['level_max']:.3g}); {then}: a brief excursion that nothing followed")
     if "median" in f.evidence:
-        return (f"clip fraction above {high:g} for {f.evidence['points']:.0f} updates (median "
+        return (f"clip fraction above {high:g} for {f.evidence['points']:.0f} points (median "
                 f"{f.evidence['median']:.3g}); {then}: a brief excursion that nothing followed")
-    return f"clip fraction {f.evidence['max']:.3g} at one update; {then}: a brief excursion that nothing followed"
+    return f"clip fraction {f.evidence['max']:.3g} at one point; {then}: a brief excursion that nothing followed"
 
 
 def _settle(f: Finding, title: str, action: str, **evidence: float) -> None:

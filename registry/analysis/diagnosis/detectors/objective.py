@@ -232,7 +232,7 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
         out.append(ctx.finding(
             "reward_drop", name, sr.step(peak), sr.step_end(b), "critical" if share >= 0.8 else "warning",
             f"reward slid back from its best {sign * float(s[peak]):.4g} to {sign * float(s[worst]):.4g} over "
-            f"{worst - peak} updates, losing {100 * share:.0f}% of what the run had gained "
+            f"{(worst - peak) * sr.bin_size} points, losing {100 * share:.0f}% of what the run had gained "
             f"({100 * float(lost[worst]) / width:.0f}% of the task range)",
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
                       "fraction_lost": share, "range_fraction_lost": float(lost[worst]) / width, "gradual": 1.0},
