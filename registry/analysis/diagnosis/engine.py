@@ -16,7 +16,7 @@ from registry.analysis.diagnosis.causes import (
 )
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors import DETECTORS
-from registry.analysis.diagnosis.detectors.constraint import settle_brief_excursions
+from registry.analysis.diagnosis.detectors.excursions import settle_brief_excursions
 from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
 from registry.analysis.diagnosis.types import (

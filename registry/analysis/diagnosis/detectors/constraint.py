@@ -12,7 +12,6 @@ from registry.analysis.diagnosis.signal import (
     Series,
     mad_sigma,
     merge_close,
-    noise_sigma,
     rank_corr,
     rolling_median,
     runs,
@@ -69,131 +68,6 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
                 detected_at=sr.step(i), related=["clip_fraction", "grad_norm", "learning_rate"]))
         out.extend(top(found, ctx, "ratio"))
     return out
-
-
-#: Constraint findings that can be a brief excursion of an update size, alone or together.
-EXCURSION_DETECTORS = ("kl_spike", "kl_climb", "clip_high")
-
-
-def _level_after(ctx: Context, f: Finding) -> float | None:
-    """The median of ``f``'s metric over the updates after it; None when too few to tell."""
-    sr = ctx.series(f.metric)
-    window = max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
-    v = ctx.values_between(f.metric, f.end + 1, f.end + window)
-    return float(np.median(v)) if sr is not None and v.size >= ctx.persist(sr.n) else None
-
-
-def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float | None:
-    """The level ``f``'s metric was back at when ``f`` is a brief, mild excursion of its kind and the
-    metric returned under its healthy high after it; None otherwise."""
-    st = ctx.s
-    sr = ctx.series(f.metric)
-    high = f.evidence.get("healthy_high", float("nan"))
-    if sr is None or not math.isfinite(high):
-        return None
-    longest = st.clip_excursion_persist_factor * ctx.persist(sr.n)
-    if f.detector == "kl_spike":
-        # Exactly one spike of the metric: two are a pattern, not a lone update.
-        brief = sum(g.detector == "kl_spike" and g.metric == f.metric for g in findings) == 1
-    elif f.detector == "kl_climb":
-        brief = not f.evidence.get("climbing") and f.evidence.get("points_above", longest + 1) <= longest
-    elif "median" in f.evidence:                       # clip fraction persistently above its high
-        brief = f.evidence.get("points", longest + 1) <= longest
-    else:                                              # a single clip point beside a KL spike
-        brief = bool(f.evidence.get("with_kl_spike"))
-    back = _level_after(ctx, f) if brief else None
-    return back if back is not None and back <= high else None
-
-
-def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Finding]) -> bool:
-    """Did the run carry on unharmed after the episode? False when what followed cannot be seen (no
-    reward curve, too few points before or after), when the reward fell below its level at the
-    episode's start over the following updates, or when another warning starts from it on."""
-    st = ctx.s
-    reward = ctx.first("reward")
-    if reward is None:
-        return False
-    start, end = min(f.start for f in episode), max(f.end for f in episode)
-    window = max(1, int(st.spike_aftermath_frac * ctx.span))
-    need = max(ctx.persist(ctx.series(f.metric).n) for f in episode)
-    # The reward's level at the start (its last points before it), not a mean over a window that
-    # trails a rising curve, against the updates after the episode.
-    before = ctx.values_between(reward, start - window, start - 1)[-need:]
-    after = ctx.values_between(reward, end + 1, end + window)
-    if min(after.size, before.size) < need:
-        return False
-    noise = noise_sigma(ctx.values_between(reward, start - window, end + window))
-    if not ctx.higher_is_better(reward):
-        before, after = -before, -after
-    if float(np.median(after)) < float(np.median(before)) - noise:
-        return False
-    tol = int(st.joint_overlap_frac * ctx.span)
-    return not any(g not in episode and g.at_least("warning") and g.end >= start - tol for g in findings)
-
-
-def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:
-    """Warning-level excursion findings grouped by overlap: a KL jump and the clip fraction it drove
-    are one event."""
-    tol = int(ctx.s.joint_overlap_frac * ctx.span)
-    out: list[list[Finding]] = []
-    for f in sorted((f for f in findings if f.detector in EXCURSION_DETECTORS and f.severity == "warning"),
-                    key=lambda f: f.start):
-        if out and f.start <= max(g.end for g in out[-1]) + tol:
-            out[-1].append(f)
-        else:
-            out.append([f])
-    return out
-
-
-def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
-    """A brief excursion of the update size that nothing followed is information, not a problem.
-
-    One update can move the policy far (a fast learning rate, an unlucky minibatch), and
-    configurations tuned for fast learning (the zoo's Pendulum PPO: learning rate 1e-3, gSDE) run
-    with a KL near 0.05 and a clip fraction near 0.3 that they cross for a few updates while the
-    reward climbs. Telling the user to lower the learning rate would then be advice the run's own
-    data contradicts. An episode of overlapping KL and clip-fraction warnings is information when
-    each is brief and mild of its kind (one KL spike below the critical ratio; KL or clip fraction
-    above the high for at most ``clip_excursion_persist_factor`` times the persistence, not a steady
-    climb, below the critical factor), each metric is back under its healthy high over the
-    following updates, the reward did not fall, and no other warning starts from the episode on.
-    Without a reward curve, or with too few points after it to see what followed, it stays.
-    """
-    reward = ctx.first("reward")
-    for episode in _episodes(ctx, findings):
-        backs = [_brief_and_back(ctx, f, findings) for f in episode]
-        if any(b is None for b in backs) or not _nothing_followed(ctx, episode, findings):
-            continue
-        for f, back in zip(episode, backs):
-            others = sorted({g.detector for g in episode if g is not f})
-            with_ = f" (with {', '.join(others)})" if others else ""
-            _settle(f, _excursion_title(f, back, reward) + with_,
-                    "nothing to fix; if it recurs or lasts, lower the learning rate or use fewer epochs",
-                    level_next=back, brief=1.0)
-
-
-def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
-    high = f.evidence["healthy_high"]
-    then = f"over the next updates it was back at {back:.3g} (healthy high {high:g}) and the reward ({reward}) did not fall"
-    if f.detector == "kl_spike":
-        return (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
-                f"{f.evidence['recent_level']:.3g}; {then}: a single large update that nothing followed")
-    if f.detector == "kl_climb":
-        return (f"KL above its healthy high for {f.evidence['points_above']:.0f} points (up to "
-                f"{f.evidence['level_max']:.3g}); {then}: a brief excursion that nothing followed")
-    if "median" in f.evidence:
-        return (f"clip fraction above {high:g} for {f.evidence['points']:.0f} points (median "
-                f"{f.evidence['median']:.3g}); {then}: a brief excursion that nothing followed")
-    return f"clip fraction {f.evidence['max']:.3g} at one point; {then}: a brief excursion that nothing followed"
-
-
-def _settle(f: Finding, title: str, action: str, **evidence: float) -> None:
-    f.severity = "info"
-    f.title = title
-    f.evidence.update(evidence)
-    f.causes, f.likely_causes = [], []
-    f.suggested_action = action
-    f.rollback_step = None
 
 
 def detect_kl_climb(ctx: Context) -> list[Finding]:
