@@ -184,7 +184,7 @@ class DiagnosisSettings:
     #: Critical when the level after the cliff is below this fraction of the level before.
     cliff_critical_ratio: float = 0.1
     #: A narrowing without a cliff is a problem only beside a reward judged flat: over the flat
-    #: stretch the entropy ended below this fraction of its start (the policy turned near-deterministic
+    #: stretch the entropy ended below this fraction of its start (the policy narrowed
     #: without learning). Healthy control runs narrow as far, but their reward rises; on the labelled
     #: SB3 runs whose reward was flat, the entropy ended at 0.86-1.0 of its start when the policy kept
     #: exploring and at 0.09-0.27 when it did not.

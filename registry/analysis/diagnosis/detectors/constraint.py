@@ -320,12 +320,13 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
 
 
 def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
-    """A policy that turned near-deterministic steadily, with no cliff, while its reward never improved.
+    """A policy whose entropy fell steadily, with no cliff, to under half its start while its reward
+    never improved.
 
     Healthy control runs end with a low entropy too, so a gradual narrowing is judged only beside
     the reward's own evidence: over the stretch the reward_flat detector found flat (a warning), the
-    entropy ended below ``narrowing_entropy_frac`` of its start. Such a policy has stopped
-    exploring without having learned, so training on will not find the reward. A cliff is left to
+    entropy ended below ``narrowing_entropy_frac`` of its start. Such a policy is losing its
+    exploration without having learned, so training on is unlikely to find the reward. A cliff is left to
     :func:`detect_entropy_collapse`; an entropy at or below zero (a Gaussian policy's) gives no
     ratio, and then nothing is said. Runs after ``detect_reward_flat``.
     """
@@ -356,7 +357,7 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
         out.append(ctx.finding(
             "entropy_collapse", name, int(steps[began]), rf.end, "warning",
             f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) while the reward "
-            f"stayed flat{reward}: the policy turned near-deterministic without learning",
+            f"stayed flat{reward}: the policy is narrowing without learning",
             evidence={"level_before": e0, "level_after": e1, "ratio": e1 / e0, "gradual": 1.0,
                       "threshold_frac": st.narrowing_entropy_frac},
             causes=["the advantages carry no signal (a reward never reached, or a critic that fits nothing), "
@@ -364,7 +365,7 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
                     "a negative entropy coefficient", "no entropy bonus on a sparse task"],
             check=["explained variance and value loss (does the critic fit?)",
                    "how often a non-zero reward is seen", "entropy coefficient"],
-            action="restart rather than resume (the policy no longer explores): fix what keeps the advantages "
+            action="restart rather than resume (the policy explores less and less): fix what keeps the advantages "
                    "empty, or add an entropy bonus",
             detected_at=int(steps[crossed]), related=["episode_return_mean", "explained_variance"]))
     return out
