@@ -278,7 +278,8 @@ def ent_large(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause | No
 def vf_coef_small(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause | None:
     """A value-loss weight far below the framework's: the critic, trained by the same optimiser step as
     the policy, learns slowly, so the advantages carry little signal. Stronger when the critic indeed
-    explained almost nothing, and when the policy meanwhile turned near-deterministic."""
+    explained almost nothing, and when the policy's entropy meanwhile fell below
+    ``cause_entropy_fell_frac`` of its start."""
     found = _setting_off(hp, ctx, "vf_coef", above=False)
     if found is None:
         return None
@@ -293,7 +294,8 @@ def vf_coef_small(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause 
     fell, e0, e1 = _entropy_fell(ctx)
     if fell:
         sup += 0.15
-        ev.append(f"the policy turned near-deterministic meanwhile (entropy {e0:.3g} -> {e1:.3g})")
+        ev.append(f"the policy narrowed meanwhile to {100 * e1 / e0:.0f}% of its starting entropy "
+                  f"({e0:.3g} -> {e1:.3g})")
     return Cause("vf_coef_small",
                  f"value-loss weight too small: {s.describe()}; the critic learns slowly, so the advantages "
                  f"carry little signal", sup, ev, f"raise vf_coef towards {_ref(s)}")
