@@ -2,9 +2,9 @@
 
 Each run trains one PPO agent (one environment unless it says ``n_envs``, one torch thread) and
 writes its TensorBoard event file, with the run's hyperparameters both as an HParams summary in
-the event file and as ``params.json`` beside it, to ``tests/data/real/sb3_sweep/<run>/``. Runs are trained one
-after another (the machine is shared); a run whose directory already holds an event file is
-skipped, so the script can be resumed.
+the event file and as ``params.json`` beside it, to ``tests/data/real/sb3_sweep/<run>/``. Runs
+are trained one after another (the machine is shared); a run whose directory already holds an
+event file is skipped, so the script can be resumed.
 
 The sweep is in :data:`SWEEP`. Labels are *not* written here: they come from looking at the
 curves afterwards (``labels.yaml`` beside the runs, with the observation per run).

@@ -152,7 +152,7 @@ class DiagnosisSettings:
     spike_aftermath_frac: float = 0.15
     #: A KL or clip fraction above its healthy high for at most this many times the persistence, back
     #: under it afterwards with the reward not lower and nothing else following, is information.
-    clip_excursion_persist_factor: float = 2.0
+    excursion_persist_factor: float = 2.0
     #: KL persistently above healthy_high: climbing when the rank correlation of the
     #: smoothed KL with time over the climb is at least this.
     climb_min_corr: float = 0.6

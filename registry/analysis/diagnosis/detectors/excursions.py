@@ -18,11 +18,15 @@ from registry.analysis.diagnosis.types import Finding
 EXCURSION_DETECTORS = ("kl_spike", "kl_climb", "clip_high")
 
 
+def _aftermath(ctx: Context) -> int:
+    """How many steps after a finding (and before it, for the reward's level) are read."""
+    return max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
+
+
 def _level_after(ctx: Context, f: Finding) -> float | None:
     """The median of ``f``'s metric over the updates after it; None when too few to tell."""
     sr = ctx.series(f.metric)
-    window = max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
-    v = ctx.values_between(f.metric, f.end + 1, f.end + window)
+    v = ctx.values_between(f.metric, f.end + 1, f.end + _aftermath(ctx))
     return float(np.median(v)) if sr is not None and v.size >= ctx.persist(sr.n) else None
 
 
@@ -34,7 +38,7 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
     high = f.evidence.get("healthy_high", float("nan"))
     if sr is None or not math.isfinite(high):
         return None
-    longest = st.clip_excursion_persist_factor * ctx.persist(sr.n)
+    longest = st.excursion_persist_factor * ctx.persist(sr.n)
     if f.detector == "kl_spike":
         # Exactly one spike of the metric: two are a pattern, not a lone update.
         brief = sum(g.detector == "kl_spike" and g.metric == f.metric for g in findings) == 1
@@ -57,7 +61,7 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     if reward is None:
         return False
     start, end = min(f.start for f in episode), max(f.end for f in episode)
-    window = max(1, int(st.spike_aftermath_frac * ctx.span))
+    window = _aftermath(ctx)
     need = max(ctx.persist(ctx.series(f.metric).n) for f in episode)
     # The reward's level at the start (its last points before it), not a mean over a window that
     # trails a rising curve, against the updates after the episode.
@@ -97,7 +101,7 @@ def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
     reward climbs. Telling the user to lower the learning rate would then be advice the run's own
     data contradicts. An episode of overlapping KL and clip-fraction warnings is information when
     each is brief and mild of its kind (one KL spike below the critical ratio; KL or clip fraction
-    above the high for at most ``clip_excursion_persist_factor`` times the persistence, not a steady
+    above the high for at most ``excursion_persist_factor`` times the persistence, not a steady
     climb, below the critical factor), each metric is back under its healthy high over the
     following updates, the reward did not fall, and no other warning starts from the episode on.
     Without a reward curve, or with too few points after it to see what followed, it stays.
