@@ -178,6 +178,14 @@ def test_keep_alive_clients_that_connect_at_once_are_spread_over_the_workers(sql
     proc = _start(sqlite_url, port, tmp_path, workers=2)
     sessions = [requests.Session() for _ in range(16)]
     try:
+        # The server answers as soon as one worker is up; a burst sent before the second worker listens
+        # can only reach the first, which says nothing of how connections are spread.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            if len(pids) == 2 and all(_sockets_by_process(pids, port, "0A").values()):
+                break
+            time.sleep(0.2)
         for s in sessions:  # keep-alive: each connection stays with the worker that accepted it
             assert s.get(f"http://127.0.0.1:{port}/api/runs", timeout=30).status_code == 200
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
