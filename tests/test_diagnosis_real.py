@@ -38,6 +38,8 @@ KNOWN_MISSES = {
                        "baseline can tell; its clip_low finding names learning_rate_low",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
                               "detector's wider end window: the narrowing is not found",
+    "lunarlander_ent_-0.05": "a return that climbs to -87 and slides back to -127 over 70k steps: LunarLander has "
+                             "no task range, and the slide is too gradual for the sudden-drop test",
     "pendulum_zoo_epochs_40": "found with the labelled cause, but also an entropy cliff (1.22 -> 0.53 within 3 "
                               "updates during the KL climb) that its label, written before, says is not there",
 }
@@ -109,7 +111,7 @@ def test_advice_is_never_the_opposite_of_what_the_runs_settings_call_for(registr
             assert f.causes[0].evidence, f"{name}: cause {f.cause} named without evidence"
 
 
-@pytest.mark.parametrize("name", BORDERLINE_RUNS)
+@pytest.mark.parametrize("name", [n for n in BORDERLINE_RUNS if LABELS[n]["cause"]])
 def test_a_borderline_run_shows_its_unusual_setting_without_calling_it_a_problem(registry, name):
     d = diagnose_run(registry, name, use_baseline=False)
     notes = d.by_detector("unusual_setting")
@@ -126,9 +128,12 @@ def test_healthy_runs_are_healthy_with_and_without_a_baseline_of_the_other_healt
     assert d.healthy, [f.summary() for f in d.at_least("warning")]
     env = LABELS[name]["env"]
     others = [n for n in HEALTHY_CARTPOLE + HEALTHY_OTHER if n != name and LABELS[n]["env"] == env]
-    build_task_baseline(registry, env, others, author="test")
+    # A task with three healthy runs leaves two to learn from: accepted only as a weak baseline.
+    weak = len(others) < 3
+    build_task_baseline(registry, env, others, author="test", allow_weak=weak)
     db = diagnose_run(registry, name)
-    assert db.baseline_note == f"baseline of n={len(others)} healthy runs"
+    assert db.baseline_note == (f"weak baseline (n={len(others)})" if weak
+                                else f"baseline of n={len(others)} healthy runs")
     assert db.healthy, [f.summary() for f in db.at_least("warning")]
 
 
