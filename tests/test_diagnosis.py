@@ -286,7 +286,7 @@ def test_a_steady_narrowing_is_entropy_collapse_only_beside_a_flat_reward():
     assert len(f) == 1 and "off a cliff" in f[0].title and f[0].cause == "sparse_reward"
 
 
-def test_a_reward_that_climbs_and_slides_back_is_a_drop_only_against_a_task_range():
+def test_a_reward_that_climbs_and_slides_back_is_a_drop():
     rng = _rng(42)
     pendulum = default_metric_infos("Pendulum-v1")
     climb = np.linspace(-1250, -420, 10)
@@ -298,8 +298,16 @@ def test_a_reward_that_climbs_and_slides_back_is_a_drop_only_against_a_task_rang
     # A healthy run's late dip (a few percent of what it gained) is no drop.
     dip = np.concatenate([np.linspace(-1250, -230, 17), [-240, -255, -262, -270, -290, -275, -265, -261]])
     assert not diagnose({"episode_return_mean": _c(dip + rng.normal(0, 5, 25), 4096)}, pendulum).at_least("warning")
-    # Without a task range nothing says how large a loss is: nothing is said.
-    assert not diagnose({"episode_return_mean": _c(slide, 4096)}, INFOS).by_detector("reward_drop")
+    # Without a task range the reward's own magnitude is the yardstick, and the loss must still stand at
+    # the last point: the same slide is found, a dip the run climbed out of is not.
+    f = diagnose({"episode_return_mean": _c(slide, 4096)}, INFOS).by_detector("reward_drop")
+    assert len(f) == 1 and "no task range" in f[0].title and f[0].evidence["magnitude_fraction_lost"] > 0.05
+    recovered = np.concatenate([slide[:18], np.linspace(-700, -300, 7)])
+    assert not diagnose({"episode_return_mean": _c(recovered, 4096)}, INFOS).by_detector("reward_drop")
+    # A slide below where the run started says so instead of a share above 100%.
+    under = np.concatenate([np.linspace(-500, -400, 6), np.linspace(-420, -520, 8), np.full(11, -520.0)])
+    f = diagnose({"episode_return_mean": _c(under + rng.normal(0, 2, 25), 4096)}, INFOS).by_detector("reward_drop")
+    assert len(f) == 1 and "below its early level" in f[0].title and "%" not in f[0].title.split("points,")[1][:30]
 
 
 def test_reward_drop_to_zero_and_constant():

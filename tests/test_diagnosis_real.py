@@ -38,8 +38,6 @@ KNOWN_MISSES = {
                        "baseline can tell; its clip_low finding names learning_rate_low",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
                               "detector's wider end window: the narrowing is not found",
-    "lunarlander_ent_-0.05": "a return that climbs to -87 and slides back to -127 over 70k steps: LunarLander has "
-                             "no task range, and the slide is too gradual for the sudden-drop test",
     "pendulum_zoo_epochs_40": "found with the labelled cause, but also an entropy cliff (1.22 -> 0.53 within 3 "
                               "updates during the KL climb) that its label, written before, says is not there",
 }

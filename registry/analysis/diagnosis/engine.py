@@ -328,7 +328,9 @@ def joint_readings(ctx: Context, findings: Sequence[Finding]) -> list[JointReadi
         elif ev:
             parts.append(f"the entropy fell from {ev['entropy_start']:.3g} to {ev['entropy_end']:.3g}")
         out.append(JointReading(
-            "converging_without_learning", "reward flat while entropy falls: converging without learning",
+            "converging_without_learning",
+            ("reward flat" if rf.detector == "reward_flat" else "reward falling")
+            + " while entropy falls: converging without learning",
             min(f.start for f in group), max(f.end for f in group), [f.id for f in group],
             "; ".join(parts) + ": the policy is becoming deterministic without the reward improving",
             _group_action(group, "check the advantage std and the reward sparsity; add an entropy bonus or "

@@ -114,8 +114,8 @@ class DiagnosisSettings:
     drop_frac: float = 0.3
     #: ... and be this many times the run's own point-to-point noise (robust).
     drop_noise_k: float = 6.0
-    #: A gradual slide back (judged only with a task range) must also lose this fraction of the
-    #: range: the range says what a large loss is where the noise estimate cannot.
+    #: A gradual slide back must also lose this fraction of the task range, or without one of the
+    #: reward's own magnitude: it says what a large loss is where the noise estimate cannot.
     regress_min_range_frac: float = 0.05
     #: Reward flat: improvement from the early to the late part smaller than this fraction
     #: of the healthy (task) range, while the late level is below ``flat_max_level`` of it.

@@ -209,33 +209,45 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     """A reward that climbed and then slid back over several updates: a drop too gradual for the
     sudden-drop test, whose noise estimate the fast climb before it inflates.
 
-    Judged only with a healthy (task) range, whose width says what a large loss is: the smoothed
-    reward falls below its running best by at least ``drop_frac`` of what the run had gained over its
-    early level, and by at least ``regress_min_range_frac`` of the range, for ``persist`` points.
+    The smoothed reward falls below its running best by at least ``drop_frac`` of what the run had
+    gained over its early level, and by at least ``regress_min_range_frac`` of a scale, for
+    ``persist`` points. The scale is the healthy (task) range's width; without a range it is the
+    reward's own magnitude (the larger of its early level and its best so far), the yardstick
+    :func:`detect_reward_flat` uses for a relative improvement. Either says what a large loss is
+    where the noise estimate cannot (a windowed episode mean is smooth). That yardstick is the weaker
+    one (a slow early phase wobbles by a good share of it), so without a range the loss must also
+    still stand at the run's last point: a slide back, not a dip the run climbed out of.
     """
     st = ctx.s
     n = sr.n
-    if low is None or high is None or high <= low or n < st.min_points_to_judge:
+    if n < st.min_points_to_judge:
         return []
-    width = high - low
+    ranged = low is not None and high is not None and high > low
     s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
     y0 = float(np.median(y[:ctx.early(n)]))
     best = np.maximum.accumulate(s)
     gain, lost = best - y0, best - s
-    cond = (gain > 0) & (lost >= st.drop_frac * gain) & (lost >= st.regress_min_range_frac * width)
+    scale = np.full(n, high - low) if ranged else np.maximum(abs(y0), np.abs(best))
+    cond = (gain > 0) & (lost >= st.drop_frac * gain) & (lost >= st.regress_min_range_frac * scale) & (scale > TINY)
     M = ctx.persist(n)
     out = []
-    for a, b in runs(cond, M)[:1]:
+    spans = runs(cond, M) if ranged else [(a, b) for a, b in runs(cond, M) if b == n - 1]
+    for a, b in spans[:1]:
         peak = int(np.argmax(s[:a + 1]))
         worst = a + int(np.argmin(s[a:b + 1]))
         share = float(lost[worst] / gain[worst])
         out.append(ctx.finding(
             "reward_drop", name, sr.step(peak), sr.step_end(b), "critical" if share >= 0.8 else "warning",
             f"reward slid back from its best {sign * float(s[peak]):.4g} to {sign * float(s[worst]):.4g} over "
-            f"{(worst - peak) * sr.bin_size} points, losing {100 * share:.0f}% of what the run had gained "
-            f"({100 * float(lost[worst]) / width:.0f}% of the task range)",
+            f"{(worst - peak) * sr.bin_size} points, "
+            + (f"losing {100 * share:.0f}% of what the run had gained " if share < 1 else
+               f"below its early level {sign * y0:.4g} ")
+            + (f"({100 * float(lost[worst] / scale[worst]):.0f}% of the task range)" if ranged else
+               f"({100 * float(lost[worst] / scale[worst]):.0f}% of its magnitude; no task range)"),
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
-                      "fraction_lost": share, "range_fraction_lost": float(lost[worst]) / width, "gradual": 1.0},
+                      "fraction_lost": share, "gradual": 1.0,
+                      ("range_fraction_lost" if ranged else "magnitude_fraction_lost"):
+                          float(lost[worst] / scale[worst])},
             causes=["updates too large for this task (learning rate too high, too many epochs)",
                     "policy collapse (entropy fell to zero)", "a change in the reward function or data distribution"],
             check=["KL and clip fraction from the best point on", "entropy around the slide"],
