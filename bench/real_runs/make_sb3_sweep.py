@@ -208,6 +208,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "pendulum_zoo_s11": ("Pendulum-v1", 16, 100_000, PENDULUM_ZOO),
     "mountaincar_default_s7": ("MountainCar-v0", 7, 60_000, {}),
     "mountaincar_default_s8": ("MountainCar-v0", 8, 60_000, {}),
+    # A fifteenth held-out batch, placed before training after the fourteenth batch's change (a climb that
+    # slides back is a reward drop without a task range too, while the loss stands at the last point):
+    # healthy LunarLander and Acrobot seeds (neither task has a range, so the new route judges them), the
+    # negative entropy coefficient at another seed, and settings that may undo what LunarLander learned.
+    "lunarlander_default_s4": ("LunarLander-v3", 7, 100_000, {}),
+    "lunarlander_default_s5": ("LunarLander-v3", 8, 100_000, {}),
+    "lunarlander_ent_-0.05_s9": ("LunarLander-v3", 9, 100_000, {"ent_coef": -0.05}),
+    "lunarlander_lr_1e-2": ("LunarLander-v3", 10, 100_000, {"learning_rate": 1e-2}),
+    "lunarlander_epochs_30": ("LunarLander-v3", 11, 100_000, {"n_epochs": 30}),
+    "acrobot_ent_-0.05": ("Acrobot-v1", 19, 60_000, {"ent_coef": -0.05}),
+    "acrobot_default_s17": ("Acrobot-v1", 17, 60_000, {}),
+    "acrobot_default_s18": ("Acrobot-v1", 18, 60_000, {}),
+    "cartpole_default_s15": ("CartPole-v1", 15, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
