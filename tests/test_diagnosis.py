@@ -304,6 +304,10 @@ def test_a_reward_that_climbs_and_slides_back_is_a_drop():
     assert len(f) == 1 and "no task range" in f[0].title and f[0].evidence["magnitude_fraction_lost"] > 0.05
     recovered = np.concatenate([slide[:18], np.linspace(-700, -300, 7)])
     assert not diagnose({"episode_return_mean": _c(recovered, 4096)}, INFOS).by_detector("reward_drop")
+    # A noisy batch reward's lucky batches are not a level it slid back from.
+    batches = -0.5 + rng.normal(0, 0.12, 30)
+    batches[8:10] = [-0.19, -0.27]
+    assert not diagnose({"reward_sequence_mean": _c(batches)}, INFOS).by_detector("reward_drop")
     # A slide below where the run started says so instead of a share above 100%.
     under = np.concatenate([np.linspace(-500, -400, 6), np.linspace(-420, -520, 8), np.full(11, -520.0)])
     f = diagnose({"episode_return_mean": _c(under + rng.normal(0, 2, 25), 4096)}, INFOS).by_detector("reward_drop")

@@ -141,6 +141,14 @@ def noise_sigma(x: np.ndarray) -> float:
     return mad_sigma(np.diff(x)) / np.sqrt(2.0)
 
 
+def trend_noise_sigma(x: np.ndarray) -> float:
+    """Robust noise around a locally straight curve: MAD of second differences / sqrt(6). A steady
+    climb or slide cancels out of second differences, where first differences count it as noise."""
+    if x.size < 4:
+        return 0.0
+    return mad_sigma(np.diff(x, 2)) / np.sqrt(6.0)
+
+
 def rank_corr(x: np.ndarray) -> float:
     """Spearman rank correlation of ``x`` with its index (1 = strictly increasing)."""
     n = x.size

@@ -12,6 +12,7 @@ from registry.analysis.diagnosis.signal import (
     rolling_median,
     runs,
     shift,
+    trend_noise_sigma,
 )
 from registry.analysis.diagnosis.types import Finding
 from registry.analysis.diagnosis.detectors.common import TINY, top
@@ -214,9 +215,12 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     ``persist`` points. The scale is the healthy (task) range's width; without a range it is the
     reward's own magnitude (the larger of its early level and its best so far), the yardstick
     :func:`detect_reward_flat` uses for a relative improvement. Either says what a large loss is
-    where the noise estimate cannot (a windowed episode mean is smooth). That yardstick is the weaker
-    one (a slow early phase wobbles by a good share of it), so without a range the loss must also
-    still stand at the run's last point: a slide back, not a dip the run climbed out of.
+    where the noise estimate cannot (a windowed episode mean is smooth). The magnitude is the weaker
+    yardstick, so without a range the loss must also still stand at the run's last point (a slide
+    back, not a dip the run climbed out of: a slow early phase wobbles by a good share of it) and be
+    ``drop_noise_k`` times the reward's noise (a noisy batch reward's running best is a lucky batch,
+    not a level the run reached). The noise is read from second differences, because in
+    point-to-point steps the climb and the slide themselves would count as noise.
     """
     st = ctx.s
     n = sr.n
@@ -229,6 +233,8 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     gain, lost = best - y0, best - s
     scale = np.full(n, high - low) if ranged else np.maximum(abs(y0), np.abs(best))
     cond = (gain > 0) & (lost >= st.drop_frac * gain) & (lost >= st.regress_min_range_frac * scale) & (scale > TINY)
+    if not ranged:
+        cond &= lost >= st.drop_noise_k * trend_noise_sigma(y)
     M = ctx.persist(n)
     out = []
     spans = runs(cond, M) if ranged else [(a, b) for a, b in runs(cond, M) if b == n - 1]
