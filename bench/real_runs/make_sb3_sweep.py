@@ -221,6 +221,17 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_default_s17": ("Acrobot-v1", 17, 60_000, {}),
     "acrobot_default_s18": ("Acrobot-v1", 18, 60_000, {}),
     "cartpole_default_s15": ("CartPole-v1", 15, 60_000, {}),
+    # A sixteenth held-out batch, placed before training after the fifteenth batch's false alarm (a windowed
+    # episode mean's first points average a few episodes and are no level a run can fall from): fresh
+    # LunarLander seeds, whose first points average about ten episodes, two settings that may fail it,
+    # and a high learning rate on CartPole, whose first points average many short episodes.
+    "lunarlander_default_s6": ("LunarLander-v3", 12, 100_000, {}),
+    "lunarlander_default_s7": ("LunarLander-v3", 13, 100_000, {}),
+    "lunarlander_default_s8": ("LunarLander-v3", 14, 100_000, {}),
+    "lunarlander_default_s9": ("LunarLander-v3", 15, 100_000, {}),
+    "lunarlander_ent_0.05": ("LunarLander-v3", 16, 100_000, {"ent_coef": 0.05}),
+    "lunarlander_lr_5e-3": ("LunarLander-v3", 17, 100_000, {"learning_rate": 5e-3}),
+    "cartpole_lr_1e-2_s4": ("CartPole-v1", 4, 60_000, {"learning_rate": 1e-2}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
