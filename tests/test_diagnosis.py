@@ -314,6 +314,21 @@ def test_a_reward_that_climbs_and_slides_back_is_a_drop():
     assert len(f) == 1 and "below its early level" in f[0].title and "%" not in f[0].title.split("points,")[1][:30]
 
 
+def test_a_windowed_episode_mean_is_no_level_until_enough_episodes_have_finished():
+    # LunarLander-like: 1024-step rollouts, ~90-step episodes, so the first point averages ~11 episodes.
+    rng = _rng(3)
+    ret = np.concatenate([[-85.0, -106.0], np.full(10, -160.0), np.linspace(-160, 50, 86)]) + rng.normal(0, 1, 98)
+    run = {"episode_return_mean": _c(ret, 1024), "episode_length_mean": _c(np.full(98, 90.0), 1024)}
+    assert not diagnose(run, INFOS).by_detector("reward_drop")
+    # The same fall from a level of ~80 short episodes (CartPole-like, 26-step episodes) is a drop.
+    cart = {"episode_return_mean": _c(np.concatenate([[25.7, 25.5], np.full(48, 9.5)]) + rng.normal(0, 0.1, 50), 2048),
+            "episode_length_mean": _c(np.concatenate([[26.0, 26.0], np.full(48, 9.5)]), 2048)}
+    assert diagnose(cart, INFOS).by_detector("reward_drop")
+    # Steps that are not environment steps (one per update) leave the episodes uncounted: judged as before.
+    per_update = {"episode_return_mean": _c(ret), "episode_length_mean": _c(np.full(98, 90.0))}
+    assert diagnose(per_update, INFOS).by_detector("reward_drop")
+
+
 def test_reward_drop_to_zero_and_constant():
     rng = _rng(5)
     n = 300

@@ -45,9 +45,6 @@ KNOWN_MISSES = {
 MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
 KNOWN_FALSE_ALARMS: dict[str, str] = {
-    "lunarlander_default_s5": "its first return point (-85, a mean of about 11 episodes) is read as a level the "
-                              "run fell from (-166 by the fourth update, while the mean fills with episodes of the "
-                              "same random policy)",
     "pendulum_zoo_s6": "an early KL jump to 0.060 (5.7x a start-of-training level) with the clip fraction at 0.317, "
                        "while the return climbs; the clip fraction stays at 0.305 after it, not back under 0.3, so "
                        "the episode is not settled",

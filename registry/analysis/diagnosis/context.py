@@ -174,6 +174,31 @@ class Context:
         early = float(np.median(y[: self.early(sr.n)]))
         return lvl >= ymax - tol * rng and (ymax - early) >= 0.5 * rng
 
+    def settled_from(self, name: str) -> int | None:
+        """The first step at which windowed episode mean ``name`` averages enough episodes to be a
+        level (``level_min_episodes`` finished since the start); None when it cannot be told.
+
+        Such a mean (SB3's ``rollout/ep_rew_mean``) is logged from the first rollout, when its window
+        holds a handful of episodes: a lucky or unlucky few, not where the policy stands. Episodes are
+        counted from the episode-length series: the steps between two points over the mean length.
+        That count needs steps that are environment steps: when the first point comes before one
+        episode could have finished, or the whole run never reaches the count, the steps are
+        something else (updates, iterations) and nothing is told. Per-episode series and batch
+        rewards have no such warm-up.
+        """
+        lengths = self.curves.get("episode_length_mean")
+        if name != "episode_return_mean" or lengths is None or len(lengths) == 0:
+            return None
+        steps = np.asarray(lengths.steps, dtype=np.float64)
+        ln = np.asarray(lengths.values, dtype=np.float64)
+        ok = np.isfinite(ln) & (ln > 0) & np.isfinite(steps)
+        steps, ln = steps[ok], ln[ok]
+        if steps.size == 0 or steps[0] < ln[0]:
+            return None
+        episodes = np.cumsum(np.diff(steps, prepend=0.0) / ln)
+        reached = np.flatnonzero(episodes >= self.s.level_min_episodes)
+        return int(steps[reached[0]]) if reached.size else None
+
     # --- findings ------------------------------------------------------------------------
     def rollback_before(self, step: int) -> int | None:
         i = bisect.bisect_left(self.checkpoints, step)

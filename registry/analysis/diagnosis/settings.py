@@ -114,6 +114,10 @@ class DiagnosisSettings:
     drop_frac: float = 0.3
     #: ... and be this many times the run's own point-to-point noise (robust).
     drop_noise_k: float = 6.0
+    #: A windowed episode mean is no level to fall from until this many episodes have finished
+    #: (a mean of a handful of episodes is a lucky or unlucky few; 30 is the usual minimum for a
+    #: sample mean to settle, and above CleanRL's 20-episode window it only delays, never hides).
+    level_min_episodes: int = 30
     #: A gradual slide back must also lose this fraction of the task range, or without one of the
     #: reward's own magnitude: it says what a large loss is where the noise estimate cannot.
     regress_min_range_frac: float = 0.05

@@ -149,6 +149,14 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
     hib = ctx.higher_is_better(name)
     sign = 1.0 if hib else -1.0
     y = sign * sr.y
+    settled = ctx.settled_from(name)
+    if settled is not None:
+        # Points before the mean averages enough episodes take its first settled value: they are
+        # neither a level the run fell from nor a best it slid back from.
+        i0 = int(np.searchsorted(sr.steps, settled, side="left"))
+        if i0 >= n - M:
+            return []
+        y = np.concatenate([np.full(i0, y[i0]), y[i0:]])
     low, high = ctx.range(name)
     floor = (low if hib else (None if high is None else -high))
     B = max(3, ctx.window(name, sr))
