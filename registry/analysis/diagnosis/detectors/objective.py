@@ -138,20 +138,6 @@ def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level:
         detected_at=sr.step(min(a0 + ctx.persist(n) - 1, n - 1)), related=["entropy", "episode_length_mean"])
 
 
-def _task_range(ctx: Context, name: str) -> tuple[float | None, float | None]:
-    """The reward's range when its definition gives one: the task's achievable range.
-
-    A range learned from a baseline says where the healthy runs were, padded, not how far the task
-    goes, so the reward tests do not read a floor, a ceiling or an improvement scale from it (its
-    bands judge the reward's level in ``baseline_deviation``), as ``_reward_plateau`` and
-    ``Context.reward_saturated`` do not.
-    """
-    info = ctx.metrics.get(name)
-    if info is None or (info.healthy_low is None and info.healthy_high is None):
-        return None, None
-    return ctx.range(name)
-
-
 def detect_reward_drop(ctx: Context) -> list[Finding]:
     name = ctx.first("reward")
     if name is None:
@@ -171,7 +157,7 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
         if i0 >= n - M:
             return []
         y = np.concatenate([np.full(i0, y[i0]), y[i0:]])
-    low, high = _task_range(ctx, name)
+    low, high = ctx.range(name)
     floor = (low if hib else (None if high is None else -high))
     B = max(3, ctx.window(name, sr))
     before = shift(rolling_median(y, B, "trailing"), 1)
@@ -295,7 +281,7 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     hib = ctx.higher_is_better(name)
     sign = 1.0 if hib else -1.0
     y = sign * sr.y
-    low, high = _task_range(ctx, name)
+    low, high = ctx.range(name)
     if not hib:
         low, high = (None if high is None else -high), (None if low is None else -low)
     st = ctx.s
