@@ -203,3 +203,19 @@ def test_baseline_supplies_a_range_where_the_definition_has_none():
     assert not diagnose(run, INFOS).by_detector("kl_climb")
     climb = diagnose(run, INFOS, baseline=prof).by_detector("kl_climb")
     assert climb and climb[0].start >= 180
+
+
+def test_a_reward_judged_against_a_baseline_says_so_instead_of_task_range():
+    """A task with no task range (LunarLander): the baseline's padded band is what reward_flat measured
+    the improvement against, and its title names that band, not 'the task range'."""
+    steps = np.arange(1, 99) * 1024
+    infos = default_metric_infos("LunarLander-v3")
+
+    def run(end, seed):
+        rng = np.random.default_rng(seed)
+        return {"episode_return_mean": Curve(steps, np.linspace(-170, end, steps.size) + rng.normal(0, 2, steps.size))}
+
+    prof = build_baseline("LunarLander-v3", [run(e, s) for s, e in enumerate((-20, 10, 60, 100))], infos=infos)
+    flat = diagnose(run(-90, 9), infos, baseline=prof).by_detector("reward_flat")
+    assert flat and "of the range learned from the LunarLander-v3 baseline (4 healthy runs)" in flat[0].title
+    assert "task range" not in flat[0].title

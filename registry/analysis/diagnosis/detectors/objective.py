@@ -138,6 +138,14 @@ def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level:
         detected_at=sr.step(min(a0 + ctx.persist(n) - 1, n - 1)), related=["entropy", "episode_length_mean"])
 
 
+def _range_words(ctx: Context, name: str) -> str:
+    """How a finding names the reward range it measured against: "the task range" for the
+    dictionary's, "the range learned from the <task> baseline (n healthy runs)" for a baseline's
+    (its healthy bands, padded: where healthy runs were, not how far the task goes)."""
+    source = (ctx.ranges_used.get(name) or {}).get("source") or ""
+    return f"the range {source}" if source.startswith("learned from") else "the task range"
+
+
 def detect_reward_drop(ctx: Context) -> list[Finding]:
     name = ctx.first("reward")
     if name is None:
@@ -256,7 +264,7 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
             f"{(worst - peak) * sr.bin_size} points, "
             + (f"losing {100 * share:.0f}% of what the run had gained " if share < 1 else
                f"below its early level {sign * y0:.4g} ")
-            + (f"({100 * float(lost[worst] / scale[worst]):.0f}% of the task range)" if ranged else
+            + (f"({100 * float(lost[worst] / scale[worst]):.0f}% of {_range_words(ctx, name)})" if ranged else
                f"({100 * float(lost[worst] / scale[worst]):.0f}% of its magnitude; no task range)"),
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
                       "fraction_lost": share, "gradual": 1.0,
@@ -309,7 +317,7 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     sev = "warning" if n >= st.flat_min_points else "info"
     ranged = not np.isnan(level)
     title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
-             + (f" ({100 * imp:.1f}% of the task range, at {100 * level:.0f}% of it)" if ranged
+             + (f" ({100 * imp:.1f}% of {_range_words(ctx, name)}, at {100 * level:.0f}% of it)" if ranged
                 else f" ({100 * imp:.1f}% relative)")
              + (f", and the policy ends as random as it started (entropy {kept[0]:.3g} -> {kept[1]:.3g})"
                 if kept else ""))
