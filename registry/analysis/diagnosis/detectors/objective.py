@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.ranges import baseline_source
 from registry.analysis.diagnosis.signal import (
     Series,
     merge_close,
@@ -142,8 +143,9 @@ def _range_words(ctx: Context, name: str) -> str:
     """How a finding names the reward range it measured against: "the task range" for the
     dictionary's, "the range learned from the <task> baseline (n healthy runs)" for a baseline's
     (its healthy bands, padded: where healthy runs were, not how far the task goes)."""
-    source = (ctx.ranges_used.get(name) or {}).get("source") or ""
-    return f"the range {source}" if source.startswith("learned from") else "the task range"
+    source = (ctx.ranges_used.get(name) or {}).get("source")
+    learned = ctx.baseline is not None and source == baseline_source(ctx.baseline)
+    return f"the range {source}" if learned else "the task range"
 
 
 def detect_reward_drop(ctx: Context) -> list[Finding]:
@@ -258,18 +260,18 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
         peak = int(np.argmax(s[:a + 1]))
         worst = a + int(np.argmin(s[a:b + 1]))
         share = float(lost[worst] / gain[worst])
+        frac = float(lost[worst] / scale[worst])
+        yardstick = _range_words(ctx, name) if ranged else "its magnitude; no task range"
         out.append(ctx.finding(
             "reward_drop", name, sr.step(peak), sr.step_end(b), "critical" if share >= 0.8 else "warning",
             f"reward slid back from its best {sign * float(s[peak]):.4g} to {sign * float(s[worst]):.4g} over "
             f"{(worst - peak) * sr.bin_size} points, "
             + (f"losing {100 * share:.0f}% of what the run had gained " if share < 1 else
                f"below its early level {sign * y0:.4g} ")
-            + (f"({100 * float(lost[worst] / scale[worst]):.0f}% of {_range_words(ctx, name)})" if ranged else
-               f"({100 * float(lost[worst] / scale[worst]):.0f}% of its magnitude; no task range)"),
+            + f"({100 * frac:.0f}% of {yardstick})",
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
                       "fraction_lost": share, "gradual": 1.0,
-                      ("range_fraction_lost" if ranged else "magnitude_fraction_lost"):
-                          float(lost[worst] / scale[worst])},
+                      ("range_fraction_lost" if ranged else "magnitude_fraction_lost"): frac},
             causes=["updates too large for this task (learning rate too high, too many epochs)",
                     "policy collapse (entropy fell to zero)", "a change in the reward function or data distribution"],
             check=["KL and clip fraction from the best point on", "entropy around the slide"],
