@@ -118,14 +118,7 @@ def _reward_constant(ctx: Context) -> float | None:
 # ---------------------------------------------------------------------------------------
 def _far(s: Setting | None, factor: float) -> float | None:
     """value/reference when it is at least ``factor`` times the reference (or 1/factor below), else None."""
-    if s is None:
-        return None
-    r = s.ratio()
-    if r is None or r <= 0:
-        return None
-    if r >= factor or r <= 1 / factor:
-        return r
-    return None
+    return s.far(factor) if s is not None else None
 
 
 def _setting_off(hp: RunSettings, ctx: Context, name: str, above: bool) -> tuple[Setting, float] | None:
@@ -305,8 +298,8 @@ def kl_coef_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float
     s = hp.get("kl_coef")
     if s is None:
         return None
-    r = s.ratio()
-    if not (s.value == 0 or (r is not None and r <= 1 / ctx.s.cause_setting_factor)):
+    r = s.far(ctx.s.cause_setting_factor)
+    if not (s.value == 0 or (r is not None and r < 1)):
         return None
     return Cause("kl_coef_small", f"KL penalty weak or off: {s.describe()}", 0.45, [s.describe()],
                  "raise the KL coefficient")
@@ -562,7 +555,7 @@ def apply_uninformative(ctx: Context, findings: list[Finding]) -> None:
     hp: RunSettings = ctx.hp
     one = single_update(hp, ctx)
     clip = hp.get("clip_range")
-    wide = clip is not None and (clip.ratio() or 0) >= ctx.s.cause_setting_factor
+    wide = clip is not None and (clip.far(ctx.s.cause_setting_factor) or 0) > 1
     for f in findings:
         if f.detector != "clip_low":
             continue

@@ -223,8 +223,8 @@ def _differs(s: Any, factor: float) -> bool:
         return False
     if s.healthy == 0 or s.value == 0:
         return s.value != s.healthy
-    r = s.value / s.healthy
-    return r < 0 or not (1 / factor < r < factor)
+    # With healthy runs known, the setting's reference is their value.
+    return s.value / s.healthy < 0 or s.far(factor) is not None
 
 
 def _setting_cause_key(s: Any) -> str:

@@ -97,6 +97,10 @@ GENERIC_KEYS: dict[str, tuple[str, ...]] = {
     "batch_size": (),
 }
 
+#: Slack on log(factor) when a ratio is compared with a factor: the float error of a ratio of two
+#: settings written in decimal.
+FACTOR_TOLERANCE = 1e-9
+
 #: Canonical series a framework logs a knob as (a schedule's current value).
 KNOB_SERIES = {"learning_rate": "learning_rate", "clip_range": "clip_range", "ent_coef": "entropy_coef",
                "kl_coef": "kl_coef"}
@@ -127,6 +131,17 @@ class Setting:
         if ref is None or ref == 0 or self.value == 0:
             return None
         return self.value / ref
+
+    def far(self, factor: float) -> float | None:
+        """The ratio to the reference when it is at least ``factor`` above or below it, else None.
+
+        "At least": a setting written as that multiple is far (1e-4 against 3e-4 is 3x below,
+        though its float ratio is 0.33333333333333337, a hair above 1/3).
+        """
+        r = self.ratio()
+        if r is None or r <= 0:
+            return None
+        return r if abs(math.log(r)) >= math.log(factor) - FACTOR_TOLERANCE else None
 
     @property
     def reference(self) -> float | None:

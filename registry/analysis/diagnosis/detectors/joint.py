@@ -269,9 +269,9 @@ def detect_unusual_settings(ctx: Context) -> list[Finding]:
     for s in hp.settings.values():
         r = s.ratio()
         negative = s.knob == "ent_coef" and s.value < 0
+        far = s.far(ctx.s.cause_setting_factor) is not None
         if s.knob == "ent_coef" and s.value >= ctx.s.cause_ent_coef_large and not (r and r < ctx.s.cause_setting_factor):
-            r = float("inf")                 # a large bonus where the reference is 0
-        far = r is not None and r > 0 and not (1 / ctx.s.cause_setting_factor < r < ctx.s.cause_setting_factor)
+            far = True                       # a large bonus where the reference is 0
         if not (negative or far):
             continue
         out.append(ctx.finding(
