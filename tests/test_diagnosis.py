@@ -205,8 +205,38 @@ def test_clip_low_needs_kl_corroboration():
     assert [f.severity for f in d.by_detector("clip_low")] == ["warning"]
 
 
+def test_a_kl_small_for_its_task_corroborates_a_low_clip_fraction_only_against_a_baseline():
+    from registry.analysis.diagnosis import build_baseline
+    rng = _rng(4)
+    n = 100
+    healthy = [{"clip_fraction": _c(np.clip(0.02 + rng.normal(0, 0.002, n), 0, 1)),
+                "kl_old_mean": _c(0.004 * np.exp(rng.normal(0, 0.2, n)))} for _ in range(3)]
+    # 8e-4: above the absolute low (1% of the KL's healthy high) but 5x below the task's healthy runs.
+    run = {"clip_fraction": _c(np.zeros(n)), "kl_old_mean": _c(8e-4 * np.exp(rng.normal(0, 0.2, n)))}
+    alone = diagnose(run, INFOS).by_detector("clip_low")
+    assert [f.severity for f in alone] == ["info"] and "kl_ratio_to_baseline" not in alone[0].evidence
+    base = build_baseline("Task", healthy, infos=INFOS)
+    found = diagnose(run, INFOS, baseline=base).by_detector("clip_low")
+    assert [f.severity for f in found] == ["warning"], [f.summary() for f in found]
+    assert 0.15 < found[0].evidence["kl_ratio_to_baseline"] < 0.25
+    assert "below the healthy runs' (early" in found[0].title and "Task baseline (3 healthy runs)" in found[0].title
+    # A KL at half the healthy runs' is no evidence of a too-conservative update.
+    half = {"clip_fraction": _c(np.zeros(n)), "kl_old_mean": _c(0.002 * np.exp(rng.normal(0, 0.2, n)))}
+    assert [f.severity for f in diagnose(half, INFOS, baseline=base).by_detector("clip_low")] == ["info"]
+    # A KL that comes back to the healthy runs' level ends the finding: what follows is information.
+    back = 8e-4 * np.exp(rng.normal(0, 0.2, n))
+    back[70:] *= 5
+    split = diagnose({"clip_fraction": _c(np.zeros(n)), "kl_old_mean": _c(back)}, INFOS, baseline=base)
+    parts = [(f.severity, f.end < base.late_start_step) for f in split.by_detector("clip_low")]
+    assert parts == [("warning", True), ("info", False)], [f.summary() for f in split.by_detector("clip_low")]
+    assert "late" not in split.by_detector("clip_low")[0].title
+    # Two healthy runs make a weak baseline: it corroborates nothing.
+    weak = build_baseline("Task", healthy[:2], infos=INFOS)
+    assert [f.severity for f in diagnose(run, INFOS, baseline=weak).by_detector("clip_low")] == ["info"]
+
+
 def test_the_effective_clip_range_matches_the_setting_it_came_from():
-    from registry.analysis.diagnosis.detectors.constraint import _effective_clip_range
+    from registry.analysis.diagnosis.detectors.clipping import _effective_clip_range
     # Draw per-sample log-ratios as a PPO epoch would see them and clip them at a known eps:
     # the estimate from (clip fraction, k3 KL) recovers eps.
     rng = _rng(5)

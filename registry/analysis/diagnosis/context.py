@@ -141,6 +141,29 @@ class Context:
         v = self.values_between(name, start, end)
         return float(np.median(v)) if v.size else None
 
+    def phase_ratios(self, name: str, start: int, end: int) -> list[tuple[str, int, int, float, float]]:
+        """Metric ``name`` against the healthy runs between ``start`` and ``end``, phase by phase of
+        the baseline: ``(phase, first step, last step, run median, healthy median)`` for each phase
+        holding ``baseline_min_points`` of the run's points there, in time order. Empty without a
+        baseline of three or more runs. For metrics judged by ratio, not band widths: a KL spans
+        orders of magnitude, and its bands are so wide in linear terms that a KL five times below
+        the healthy runs' is inside them.
+        """
+        b = self.baseline
+        mb = b.metrics.get(name) if b is not None and not getattr(b, "weak", False) else None
+        if mb is None:
+            return []
+        out = []
+        for phase in ("early", "mid", "late"):
+            band, bounds = mb.band(phase), b.phase_bounds(phase)
+            if band is None or bounds is None or band.median <= 0:
+                continue
+            lo, hi = max(start, bounds[0]), min(end, bounds[1])
+            v = self.values_between(name, lo, hi)
+            if v.size >= self.s.baseline_min_points:
+                out.append((phase, lo, hi, float(np.median(v)), band.median))
+        return out
+
     # --- reward helpers -----------------------------------------------------------------
     def reward_saturated(self, name: str, level: float) -> bool:
         """Is ``level`` of reward metric ``name`` at its ceiling (cap reached, not broken)?

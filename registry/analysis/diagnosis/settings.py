@@ -176,6 +176,16 @@ class DiagnosisSettings:
     #: "Too conservative" needs KL to the old policy below its healthy low, or (no low in its
     #: definition) below this fraction of its healthy high.
     kl_conservative_frac: float = 0.01
+    #: With a baseline, "too conservative" also needs no more than this ratio of the KL to the healthy
+    #: runs' KL (geometric mean over the phases the stretch covers; ``Context.ratio_to_baseline``). On
+    #: the labelled runs up to batch 17, healthy runs' low-clip stretches stood at 0.35 of the healthy
+    #: KL or above (a half-default clip range), learning rates 6x or more below the default at 0.18 or
+    #: below. Batch 18 was placed before this rule and measures it.
+    kl_conservative_baseline_ratio: float = 0.25
+    #: ... counting the phases until the KL is back to this share of the healthy runs' (there the
+    #: updates are no longer small, and the finding ends). Batch 18's lunarlander_lr_1e-4 reached
+    #: 0.98 of it in its late phase after 0.08 and 0.15 before; acrobot_lr_5e-5 stayed at 0.34 or below.
+    kl_recovered_ratio: float = 0.5
     #: Without a KL curve to corroborate, clip fraction below low * this is "too conservative".
     clip_near_zero_factor: float = 0.2
 

@@ -13,6 +13,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from registry.analysis.diagnosis.types import Curve
 
 MAD_TO_SIGMA = 1.4826
+#: Below this a value counts as zero (a level to divide by, a median to take the log of).
+TINY = 1e-12
 
 
 @dataclass

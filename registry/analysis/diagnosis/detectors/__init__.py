@@ -5,7 +5,7 @@ healthy range (``ctx.range``); windows scale with the run's length (``ctx.persis
 ``ctx.window``), so a 48-point SB3 run and a 20,000-step GRPO run are judged alike.
 
 One module per layer of the metric a detector judges (``objective``, ``constraint``,
-``diagnostic``), one for the detectors that read several metrics or settings together
+``diagnostic``; the constraint layer's clip-fraction detectors, its largest family, in ``clipping``), one for the detectors that read several metrics or settings together
 (``joint``), and ``excursions``, which runs after them all and turns brief KL and clip-fraction
 excursions that nothing followed into information; every detector opens with ``Context.opening`` where it needs the usual series,
 point count and persistence, and builds its findings with ``Context.finding``.
@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Callable
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.detectors.clipping import detect_clip_high, detect_clip_low
 from registry.analysis.diagnosis.detectors.constraint import (
-    detect_clip_high,
-    detect_clip_low,
     detect_entropy_collapse,
     detect_entropy_narrowing,
     detect_kl_climb,

@@ -6,9 +6,6 @@ from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.types import Finding
 
 
-TINY = 1e-12
-
-
 def top(findings: list[Finding], ctx: Context, key: str) -> list[Finding]:
     """Keep the ``max_findings_per_metric`` findings with the largest ``evidence[key]``."""
     k = ctx.s.max_findings_per_metric

@@ -1,15 +1,12 @@
-"""Constraint-layer detectors: KL spikes and climbs, clip fraction too high or too low, entropy collapse,
-a value loss that stops learning, a policy loss that keeps growing."""
+"""Constraint-layer detectors: KL spikes and climbs, entropy collapse, a value loss that stops
+learning, a policy loss that keeps growing. The clip fraction's are in ``clipping``."""
 from __future__ import annotations
-
-import math
-from statistics import NormalDist
 
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.signal import (
-    Series,
+    TINY,
     mad_sigma,
     merge_close,
     rank_corr,
@@ -19,7 +16,7 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import TINY, top
+from registry.analysis.diagnosis.detectors.common import top
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,168 +106,6 @@ def detect_kl_climb(ctx: Context) -> list[Finding]:
                 detected_at=sr.step(min(a + M - 1, n - 1)), related=["clip_fraction", "reward_mean"]))
         out.extend(top(found, ctx, "excess"))
     return out
-
-
-# ---------------------------------------------------------------------------------------
-# Clip fraction
-# ---------------------------------------------------------------------------------------
-def detect_clip_high(ctx: Context) -> list[Finding]:
-    found = ctx.first_series("clip_fraction")
-    if found is None:
-        return []
-    name, sr, n = found
-    st = ctx.s
-    _, high = ctx.range(name)
-    if high is None:
-        return []
-    M = ctx.persist(n)
-    s = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
-    found = []
-    covered = np.zeros(n, bool)
-    tol = int(st.joint_overlap_frac * ctx.span)
-    for a, b in runs(s > high, M):
-        covered[a:b + 1] = True
-        med = float(np.median(sr.y[a:b + 1]))
-        sev = "critical" if med > st.clip_single_factor * high else "warning"
-        found.append(ctx.finding(
-            "clip_high", name, sr.step(a), sr.step_end(b), sev,
-            f"clip fraction persistently above {high:g} (median {med:.3g}) for {(b - a + 1) * sr.bin_size} points",
-            evidence={"median": med, "max": float(sr.ymax[a:b + 1].max()), "healthy_high": high,
-                      "points": (b - a + 1) * sr.bin_size},
-            causes=["update too large: learning rate too high", "too many epochs over the same rollout",
-                    "advantages not normalised / too large"],
-            check=["KL at the same steps", "learning rate and epochs per rollout", "advantage std"],
-            action="lower the learning rate, use fewer epochs or larger minibatches",
-            detected_at=sr.step(min(a + M - 1, n - 1)), related=["kl_old_mean", "learning_rate"]))
-    for a, b in merge_close(runs((sr.ymax > high) & ~covered), M):
-        peak = float(sr.ymax[a:b + 1].max())
-        kl = [f for f in ctx.findings if f.detector == "kl_spike"
-              and f.start <= sr.step_end(b) + tol and f.end >= sr.step(a) - tol]
-        if peak < st.clip_single_factor * high and not kl:
-            continue
-        found.append(ctx.finding(
-            "clip_high", name, sr.step(a), sr.step_end(b), "warning",
-            f"clip fraction {peak:.3g} (healthy high {high:g})"
-            + (" together with a KL spike" if kl else " in a short burst"),
-            evidence={"max": peak, "healthy_high": high, "points": (b - a + 1) * sr.bin_size,
-                      "with_kl_spike": float(bool(kl))},
-            causes=["one update far outside the trust region (learning rate too high)",
-                    "a bad batch"],
-            check=["KL and entropy at and right after this step"],
-            action="lower the learning rate; if it recurs, use fewer epochs per rollout",
-            detected_at=sr.step(a), related=["kl_old_mean"]))
-    found += _clipped_small_steps(ctx, name, sr, covered)
-    return top(found, ctx, "points")
-
-
-def _effective_clip_range(clip_fraction: np.ndarray, kl: np.ndarray) -> np.ndarray:
-    """The ratio bound that clips ``clip_fraction`` of the samples of an update whose KL to the old
-    policy is ``kl``: NaN where either says nothing.
-
-    For a small step the per-sample log-ratio r has mean ~0 and KL ~ E[r^2] / 2 (k1 in
-    expectation, k2 and k3 per sample), so r spreads with sigma ~ sqrt(2 KL); if a share c of
-    samples leaves [1 - eps, 1 + eps], then eps ~ sigma * z(1 - c / 2) (z the normal quantile).
-    Healthy SB3 runs give about 0.2 (their clip_range); a run set to 0.03 gives about 0.03.
-    """
-    z = NormalDist().inv_cdf
-    out = np.full(clip_fraction.shape, np.nan)
-    for i, (c, k) in enumerate(zip(clip_fraction, kl)):
-        if 0 < c < 1 and k > 0:
-            out[i] = math.sqrt(2 * k) * z(1 - c / 2)
-    return out
-
-
-def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarray) -> list[Finding]:
-    """Updates clipped although the policy barely moves: the clip fraction is in its range (or above it)
-    while the KL is so small that only a narrow bound can clip that many samples. A clip fraction
-    alone cannot show this (0.11 is ordinary), nor a KL alone (a small KL is also a slow learning
-    rate); together they give the clip range the run effectively trains with."""
-    kl_name = ctx.first("kl_update")
-    low, _ = ctx.range(name)
-    if kl_name is None or low is None:
-        return []
-    st = ctx.s
-    kl = ctx.series(kl_name)
-    n = sr.n
-    L = max(ctx.persist(n), int(np.ceil(st.clip_low_min_frac * n)))
-    if n < L + 2:
-        return []
-    cf = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
-    kls = np.interp(sr.steps, kl.steps, rolling_median(kl.y, max(1, ctx.window(kl_name, kl)), "centered"))
-    eps = _effective_clip_range(cf, kls)
-    setting = ctx.hp.get("clip_range") if ctx.hp is not None else None
-    usual = setting.default if setting is not None and setting.default else st.usual_clip_range
-    narrow = usual / st.cause_setting_factor
-    found = []
-    with np.errstate(invalid="ignore"):
-        cond = (cf >= low) & (eps < narrow) & ~covered
-    # a break shorter than a stretch that counts on its own does not split the finding in two
-    for a, b in merge_close(runs(cond, L), L):
-        e, c = float(np.nanmedian(eps[a:b + 1])), float(np.median(sr.y[a:b + 1]))
-        k = float(np.median(kls[a:b + 1]))  # the KL at the clip fraction's steps, wherever it was logged
-        found.append(ctx.finding(
-            "clip_high", name, sr.step(a), sr.step_end(b), "warning",
-            f"updates clipped although the policy barely moves: clip fraction {c:.3g} with KL {k:.2g} means a "
-            f"clip range of about {e:.2g}, {usual / e:.0f}x narrower than the usual {usual:g}, "
-            f"for {(b - a + 1) * sr.bin_size} points",
-            evidence={"median": c, "kl_median": k, "effective_clip_range": e, "usual_clip_range": usual,
-                      "points": (b - a + 1) * sr.bin_size},
-            causes=["the clip range is too small: ordinary updates leave [1 - eps, 1 + eps] and stop there"],
-            check=["the clip range setting", "learning rate (is the step small because of it?)"],
-            action=f"raise the clip range towards {usual:g}",
-            detected_at=sr.step(min(a + L - 1, n - 1)), related=[kl_name, "clip_range"]))
-    return found
-
-
-def detect_clip_low(ctx: Context) -> list[Finding]:
-    found = ctx.first_series("clip_fraction")
-    if found is None:
-        return []
-    name, sr, n = found
-    st = ctx.s
-    low, _ = ctx.range(name)
-    if low is None or n < 4:
-        return []
-    M = ctx.persist(n)
-    L = max(M, int(np.ceil(st.clip_low_min_frac * n)))
-    s = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
-    kl_name = ctx.first("kl_update")
-    found = []
-    for a, b in runs(s < low, L):
-        start, end = sr.step(a), sr.step_end(b)
-        med = float(np.median(sr.y[a:b + 1]))
-        ev = {"median": med, "healthy_low": low, "points": (b - a + 1) * sr.bin_size}
-        if kl_name is not None:
-            kl_low, kl_high = ctx.range(kl_name)
-            kl_level = ctx.median_between(kl_name, start, end)
-            ev["kl_median"] = kl_level
-            ref = kl_low if kl_low is not None else (st.kl_conservative_frac * kl_high if kl_high is not None else None)
-            corroborated = kl_level is not None and ref is not None and kl_level < ref
-            if ref is not None:
-                ev["kl_healthy_low"] = ref
-            # Say which bound it was: the definition's low, or a share of its high when it has no low.
-            kl_bound = (f"its healthy low {ref:g}" if kl_low is not None else
-                        f"{ref:g} ({100 * st.kl_conservative_frac:g}% of its healthy high {kl_high:g})")
-        else:
-            corroborated = med < st.clip_near_zero_factor * low
-        collapsed = ctx.overlapping("entropy_collapse", start, end, int(st.joint_overlap_frac * ctx.span))
-        causes = ["learning rate too small (the policy barely moves)", "too few epochs / too large minibatches",
-                  "clip range much wider than the actual update"]
-        if collapsed:
-            causes.insert(0, "the policy has collapsed (entropy near zero), so updates no longer change it")
-        sev = "warning" if corroborated else "info"
-        found.append(ctx.finding(
-            "clip_low", name, start, end, sev,
-            (f"updates too conservative: clip fraction {med:.3g} < {low:g}"
-             + (f" and KL {ev['kl_median']:.2g} below {kl_bound}" if corroborated and kl_name else "")
-             if corroborated else
-             f"clip fraction {med:.3g} below {low:g}, but KL is in range (acceptable late in training)")
-            + f" for {(b - a + 1) * sr.bin_size} points",
-            evidence=ev, causes=causes,
-            check=["learning rate (and its schedule)", "KL to the old policy", "entropy (collapsed policy?)"],
-            action="raise the learning rate (or epochs per rollout) until clip fraction is in range",
-            detected_at=sr.step(min(a + L - 1, n - 1)), related=["kl_old_mean", "learning_rate"]))
-    return found[: st.max_findings_per_metric]
 
 
 # ---------------------------------------------------------------------------------------

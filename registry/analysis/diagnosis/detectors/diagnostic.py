@@ -6,6 +6,7 @@ import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.signal import (
+    TINY,
     mad_sigma,
     merge_close,
     rank_corr,
@@ -14,7 +15,6 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import TINY
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.ranges import baseline_source
 from registry.analysis.diagnosis.signal import (
+    TINY,
     Series,
     merge_close,
     noise_sigma,
@@ -16,7 +17,7 @@ from registry.analysis.diagnosis.signal import (
     trend_noise_sigma,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import TINY, top
+from registry.analysis.diagnosis.detectors.common import top
 
 
 # ---------------------------------------------------------------------------------------
