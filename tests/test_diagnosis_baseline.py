@@ -109,6 +109,23 @@ def test_a_slow_start_that_caught_up_is_information_and_one_that_did_not_is_a_wa
     assert level_kl.severity == "info" and "only its objective is judged" in level_kl.notes[0]
 
 
+def test_a_reward_ending_below_many_healthy_runs_by_less_than_a_band_width_ended_below_them():
+    infos = default_metric_infos("CartPole-v1")
+    many = build_baseline("CartPole-v1", [_control_run(s, ceiling=c) for s, c in enumerate(np.linspace(430, 490, 10))])
+    few = build_baseline("CartPole-v1", [_control_run(s, ceiling=c) for s, c in enumerate((430, 450, 470, 490))])
+    slow = _control_run(20, ceiling=388)          # about 0.7 band widths below the healthy runs' late band
+
+    def late_reward(prof):
+        (f,) = [f for f in diagnose(slow, infos, baseline=prof).findings
+                if f.detector == "baseline_deviation" and f.metric == "episode_return_mean" and f.title.startswith("late")]
+        return f
+
+    assert 0.5 < late_reward(many).evidence["band_widths"] < 1.0
+    assert late_reward(many).severity == "warning"
+    # Four runs estimate the band roughly: there a run must end a whole band width below them.
+    assert late_reward(few).severity == "info" and late_reward(few).evidence["band_widths"] < 1.0
+
+
 def test_edited_warning_text_is_used():
     healthy = _runs("healthy", range(4))
     data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()

@@ -140,7 +140,9 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                 continue
             above = med > band.high
             dist = (med - band.high) / width if above else (band.low - med) / width
-            sev = "warning" if dist >= st.baseline_warning_widths and not weak else "info"
+            warn_at = _late_reward_widths(ctx, profile) if phase == "late" and name == ctx.first("reward") \
+                else st.baseline_warning_widths
+            sev = "warning" if dist >= warn_at and not weak else "info"
             hib = ctx.info(name).higher_is_better
             if hib is not None and above == hib:
                 sev = "info"                     # better than history is not a problem
@@ -211,10 +213,17 @@ def _ended_level_with_healthy_runs(ctx: Context, profile: BaselineProfile) -> tu
     if v.size < ctx.s.baseline_min_points:
         return None
     med = float(np.median(v))
-    short = ctx.s.baseline_warning_widths * _band_width(ctx.s, band, med)
+    short = _late_reward_widths(ctx, profile) * _band_width(ctx.s, band, med)
     level = band.low - short < med < band.high + short
     return (name, f"{name} {med:.4g} in its last phase, healthy runs {band.low:.4g} to {band.high:.4g}") \
         if level else None
+
+
+def _late_reward_widths(ctx: Context, profile: BaselineProfile) -> float:
+    """How many band widths below the healthy runs' late band a run's reward must end to have ended
+    below them: fewer once the baseline holds many runs (its band is then a close estimate)."""
+    st = ctx.s
+    return st.baseline_late_reward_widths if profile.n_runs >= st.baseline_many_runs else st.baseline_warning_widths
 
 
 def _differs(s: Any, factor: float) -> bool:
