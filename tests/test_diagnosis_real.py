@@ -42,6 +42,10 @@ KNOWN_MISSES = {
                        "baseline can tell",
     "acrobot_lr_5e-5": "a clip fraction of 0 with a KL of 8e-4, 4x below healthy Acrobot runs but above the KL's "
                        "absolute low (5e-4), and a return that rises to -112: both need the healthy runs to tell",
+    "acrobot_lr_5e-5_s32": "acrobot_lr_5e-5's setting at another seed: a clip fraction of 0 with a KL of 7e-4 and a "
+                           "return that rises to -107; both need the healthy runs to tell",
+    "cartpole_lr_7e-5": "a return that rises linearly to 328 (healthy 410-450) with a KL 2x below healthy: slower than "
+                        "healthy, which only a baseline can tell",
     "cartpole_lr_5e-5": "a return that rises linearly to 281 (healthy 410-450) with a clip fraction of 2e-4 and a KL 3x "
                         "below healthy CartPole runs: slower than healthy, which only a baseline can tell; its value "
                         "loss that does not fall is found and names learning_rate_low",
