@@ -126,6 +126,20 @@ def test_a_reward_ending_below_many_healthy_runs_by_less_than_a_band_width_ended
     assert late_reward(few).severity == "info" and late_reward(few).evidence["band_widths"] < 1.0
 
 
+def test_without_a_baseline_the_summary_says_the_rewards_pace_was_not_judged():
+    infos = default_metric_infos("CartPole-v1")
+    slow = _control_run(21, ceiling=300)
+    alone = diagnose(slow, infos)
+    pace = [n for n in alone.not_judged if n["role"] == "reward_pace"]
+    assert pace and pace[0]["metric"] == "episode_return_mean"
+    assert "could not judge: whether episode_return_mean rose as fast as healthy runs" in alone.summary()
+    assert alone.enough_data                      # the rest of the run was judged as usual
+    weak = build_baseline("CartPole-v1", [_control_run(s) for s in range(2)])
+    assert any(n["role"] == "reward_pace" for n in diagnose(slow, infos, baseline=weak).not_judged)
+    full = build_baseline("CartPole-v1", [_control_run(s) for s in range(3)])
+    assert not any(n["role"] == "reward_pace" for n in diagnose(slow, infos, baseline=full).not_judged)
+
+
 def test_edited_warning_text_is_used():
     healthy = _runs("healthy", range(4))
     data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()

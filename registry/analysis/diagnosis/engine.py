@@ -108,6 +108,13 @@ def _coverage(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
                                "text": f"not enough data to judge {names[0]} ({n} point(s), {need} needed)"})
         else:
             checked.append(label)
+    reward = ctx.first("reward")
+    if reward is not None and ROLE_CHECKS.get("reward") in checked and (ctx.baseline is None or ctx.baseline.weak):
+        # A run that learns, only more slowly than it should, looks healthy on its own curves: the
+        # pace is judged against the task's healthy runs alone. Say so rather than imply it was checked.
+        not_judged.append({"role": "reward_pace", "metric": reward, "needed": ctx.s.baseline_min_runs,
+                           "text": f"whether {reward} rose as fast as healthy runs of this task do (no baseline "
+                                   f"of {ctx.s.baseline_min_runs} or more healthy runs)"})
     return not_judged, checked
 
 
