@@ -23,7 +23,10 @@ Printed separately for the tuning part, each held-out batch and all held-out run
   listed with their verdict, not scored;
 * cause accuracy: of the warning-or-above findings that detect a labelled problem (or a
   listed consequence), the share whose *named* cause (best-supported, support >= 0.5) is
-  the label's cause; findings with no named cause count as wrong.
+  the label's cause; findings with no named cause count as wrong;
+* precision and cause accuracy with a baseline, counted the same way over the findings of the
+  diagnosis with a baseline (a deviation from the healthy runs counts as a consequence of any
+  labelled problem, so only its cause is scored).
 
 Run: .venv/bin/python bench/diagnose_real.py [--verbose] [--runs DIR]
 """
@@ -155,6 +158,20 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
                 f.detector in prob["detectors"] and f.start <= prob["steps"][1] and f.end >= prob["steps"][0]
                 for f in db.at_least("warning")))
             st["found_baseline"] += found_b
+            # The same precision and cause counts for the findings a baseline adds or changes: a deviation
+            # from the healthy runs is a consequence of any labelled problem (the run is not healthy), so
+            # only its named cause is scored; other detectors count as above.
+            for f in db.at_least("warning"):
+                if f.detector in allowed or f.detector == "baseline_deviation":
+                    st["tp_baseline"] += 1
+                    if f.cause == lab["cause"]:
+                        st["cause_right_baseline"] += 1
+                    else:
+                        st["wrong_causes"].append(f"{name} (with baseline): {f.detector} {f.metric} named "
+                                                  f"{f.cause!r}, label {lab['cause']!r}")
+                else:
+                    st["fp_findings_baseline"] += 1
+                    st["fp"].append(f"{name} (with baseline): {f.summary()[:110]}")
     return stats
 
 
@@ -192,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  false alarms on healthy runs: without baseline {_ratio(st['healthy_alarm'], st['healthy_runs'])}, "
               f"with baseline {_ratio(st['healthy_alarm_baseline'], st['healthy_with_baseline'])}")
         print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}")
+        print(f"  with baseline: precision {_ratio(st['tp_baseline'], st['tp_baseline'] + st['fp_findings_baseline'])}, "
+              f"named cause right {_ratio(st['cause_right_baseline'], st['tp_baseline'])}")
         print(f"    {'run':<24} {'label':<8} {'labelled cause':<20} {'verdict':<9} warning findings -> named cause")
         for row in st["rows"]:
             print(f"    {row}")

@@ -140,6 +140,19 @@ def test_without_a_baseline_the_summary_says_the_rewards_pace_was_not_judged():
     assert not any(n["role"] == "reward_pace" for n in diagnose(slow, infos, baseline=full).not_judged)
 
 
+def test_a_deviation_names_a_differing_setting_by_the_cause_rules_own_key():
+    infos = default_metric_infos("CartPole-v1")
+    prof = build_baseline("CartPole-v1", [_control_run(s) for s in range(3)],
+                          hyperparams={"vf_coef": [0.5, 0.5, 0.5], "learning_rate": [3e-4] * 3})
+    stalled = _control_run(30, ceiling=150)
+    for params, key in (({"vf_coef": 0.02, "learning_rate": 3e-4}, "vf_coef_small"),
+                        ({"vf_coef": 0.5, "learning_rate": 3e-5}, "learning_rate_low")):
+        d = diagnose(stalled, infos, baseline=prof, params=params, framework="stable-baselines3")
+        late = [f for f in d.findings if f.detector == "baseline_deviation" and f.metric == "episode_return_mean"
+                and f.title.startswith("late")]
+        assert late and late[0].causes[0].key == key, [c.key for c in late[0].causes]
+
+
 def test_edited_warning_text_is_used():
     healthy = _runs("healthy", range(4))
     data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()

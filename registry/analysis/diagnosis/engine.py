@@ -248,11 +248,10 @@ def _setting_cause_key(s: Any) -> str:
     if s.knob == "ent_coef":
         return "ent_coef_negative" if s.value < 0 else "ent_coef_large"
     up = s.value > (s.healthy or 0)
-    names = {"learning_rate": ("learning_rate_high", "learning_rate_low"),
-             "clip_range": ("clip_range_large", "clip_range_small"), "n_epochs": ("n_epochs_high", "n_epochs_low"),
-             "kl_coef": ("kl_coef_large", "kl_coef_small")}
-    hi, lo = names.get(s.knob, (f"{s.knob}_high", f"{s.knob}_low"))
-    return hi if up else lo
+    # The keys the cause rules use (causes.py): rates and epochs are high or low, sizes and weights
+    # large or small, so a deviation and a detector name one cause the same way.
+    high_low = s.knob in ("learning_rate", "n_epochs")
+    return f"{s.knob}_{'high' if up else 'low'}" if high_low else f"{s.knob}_{'large' if up else 'small'}"
 
 
 # ---------------------------------------------------------------------------------------
