@@ -5,10 +5,11 @@ healthy range (``ctx.range``); windows scale with the run's length (``ctx.persis
 ``ctx.window``), so a 48-point SB3 run and a 20,000-step GRPO run are judged alike.
 
 One module per layer of the metric a detector judges (``objective``, ``constraint``,
-``diagnostic``; the constraint layer's clip-fraction detectors, its largest family, in ``clipping``), one for the detectors that read several metrics or settings together
-(``joint``), and ``excursions``, which runs after them all and turns brief KL and clip-fraction
-excursions that nothing followed into information; every detector opens with ``Context.opening`` where it needs the usual series,
-point count and persistence, and builds its findings with ``Context.finding``.
+``diagnostic``; the constraint layer's clip-fraction detectors, its largest family, are in
+``clipping``), one for the detectors that read several metrics or settings together (``joint``),
+and ``excursions``, which runs after them all and turns brief KL and clip-fraction excursions that
+nothing followed into information. Every detector opens with ``Context.opening`` where it needs
+the usual series, point count and persistence, and builds its findings with ``Context.finding``.
 """
 from __future__ import annotations
 
