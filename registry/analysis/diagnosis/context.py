@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from registry.analysis.diagnosis.baseline import PHASES, BaselineProfile, PhaseBand
 from registry.analysis.diagnosis.settings import DEFAULT_LAYERS, FIRST_ONLY_ROLES, METRIC_ROLES, DiagnosisSettings
 from registry.analysis.diagnosis.signal import Series, early_count, prepare
 from registry.analysis.diagnosis.types import Curve, Finding, MetricInfo
@@ -141,27 +142,24 @@ class Context:
         v = self.values_between(name, start, end)
         return float(np.median(v)) if v.size else None
 
-    def phase_ratios(self, name: str, start: int, end: int) -> list[tuple[str, int, int, float, float]]:
-        """Metric ``name`` against the healthy runs between ``start`` and ``end``, phase by phase of
-        the baseline: ``(phase, first step, last step, run median, healthy median)`` for each phase
-        holding ``baseline_min_points`` of the run's points there, in time order. Empty without a
-        baseline of three or more runs. For metrics judged by ratio, not band widths: a KL spans
-        orders of magnitude, and its bands are so wide in linear terms that a KL five times below
-        the healthy runs' is inside them.
+    def phase_medians(self, name: str, profile: BaselineProfile, start: int = -2**62, end: int = 2**62
+                      ) -> list[tuple[str, PhaseBand, int, int, float]]:
+        """Metric ``name`` beside the healthy runs of ``profile``, phase by phase: ``(phase, band,
+        first step, last step, the run's median there)`` for each phase with a band for ``name`` that
+        holds ``baseline_min_points`` of the run's points within [``start``, ``end``], in time order.
         """
-        b = self.baseline
-        mb = b.metrics.get(name) if b is not None and not getattr(b, "weak", False) else None
+        mb = profile.metrics.get(name)
         if mb is None:
             return []
         out = []
-        for phase in ("early", "mid", "late"):
-            band, bounds = mb.band(phase), b.phase_bounds(phase)
-            if band is None or bounds is None or band.median <= 0:
+        for phase in PHASES:
+            band, bounds = mb.band(phase), profile.phase_bounds(phase)
+            if band is None or bounds is None:
                 continue
             lo, hi = max(start, bounds[0]), min(end, bounds[1])
             v = self.values_between(name, lo, hi)
             if v.size >= self.s.baseline_min_points:
-                out.append((phase, lo, hi, float(np.median(v)), band.median))
+                out.append((phase, band, lo, hi, float(np.median(v))))
         return out
 
     # --- reward helpers -----------------------------------------------------------------

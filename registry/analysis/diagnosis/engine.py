@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from registry.analysis.diagnosis.baseline import PHASES, BaselineProfile, baseline_strength, is_health_metric
+from registry.analysis.diagnosis.baseline import BaselineProfile, baseline_strength, is_health_metric
 from registry.analysis.diagnosis.causes import (
     NAMED_SUPPORT,
     RANK_ORDER,
@@ -129,25 +129,18 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
     strength = baseline_strength(profile)
     differing = [s for s in ctx.hp.settings.values() if _differs(s, st.cause_setting_factor)]
     caught_up = _ended_level_with_healthy_runs(ctx, profile)
+    reward = ctx.first("reward")
     for name, mb in sorted(profile.metrics.items()):
         if ctx.series(name) is None or not is_health_metric(name, ctx.metrics.get(name)):
             continue
-        for phase in PHASES:
-            band, bounds = mb.band(phase), profile.phase_bounds(phase)
-            if band is None or bounds is None:
-                continue
-            lo_step, hi_step = bounds
-            v = ctx.values_between(name, lo_step, hi_step)
-            if v.size < st.baseline_min_points:
-                continue
-            med = float(np.median(v))
+        for phase, band, lo_step, hi_step, med in ctx.phase_medians(name, profile):
             width = _band_width(st, band, med)
             margin = st.baseline_margin * width
             if band.low - margin <= med <= band.high + margin:
                 continue
             above = med > band.high
             dist = (med - band.high) / width if above else (band.low - med) / width
-            warn_at = _late_reward_widths(ctx, profile) if phase == "late" and name == ctx.first("reward") \
+            warn_at = _late_reward_widths(ctx, profile) if phase == "late" and name == reward \
                 else st.baseline_warning_widths
             sev = "warning" if dist >= warn_at and not weak else "info"
             hib = ctx.info(name).higher_is_better
@@ -212,14 +205,11 @@ def _ended_level_with_healthy_runs(ctx: Context, profile: BaselineProfile) -> tu
     judged as always. A reward that ended *above* the healthy runs is not level: with other
     metrics off (a KL far from the reference), that is how reward hacking looks."""
     name = ctx.first("reward")
-    mb = profile.metrics.get(name) if name else None
-    band, bounds = (mb.late, profile.phase_bounds("late")) if mb is not None else (None, None)
-    if band is None or bounds is None:
+    late = [(band, med) for phase, band, _, _, med in ctx.phase_medians(name, profile) if phase == "late"] \
+        if name else []
+    if not late:
         return None
-    v = ctx.values_between(name, *bounds)
-    if v.size < ctx.s.baseline_min_points:
-        return None
-    med = float(np.median(v))
+    band, med = late[0]
     short = _late_reward_widths(ctx, profile) * _band_width(ctx.s, band, med)
     level = band.low - short < med < band.high + short
     return (name, f"{name} {med:.4g} in its last phase, healthy runs {band.low:.4g} to {band.high:.4g}") \

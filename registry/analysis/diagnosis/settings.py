@@ -177,7 +177,7 @@ class DiagnosisSettings:
     #: definition) below this fraction of its healthy high.
     kl_conservative_frac: float = 0.01
     #: With a baseline, "too conservative" also needs no more than this ratio of the KL to the healthy
-    #: runs' KL (geometric mean over the baseline's phases the stretch covers, ``Context.phase_ratios``). On
+    #: runs' KL (geometric mean over the baseline's phases the stretch covers, ``Context.phase_medians``). On
     #: the labelled runs up to batch 17, healthy runs' low-clip stretches stood at 0.35 of the healthy
     #: KL or above (a half-default clip range), learning rates 6x or more below the default at 0.18 or
     #: below. Batch 18 was placed before this rule and measures it.

@@ -128,10 +128,17 @@ def _kl_small_for_the_task(ctx: Context, kl_name: str, start: int, end: int) -> 
     phases is at most ``kl_conservative_baseline_ratio``. Only the phases from the start on in which
     the KL stays below ``kl_recovered_ratio`` of the healthy runs' count, and the stretch ends with
     the last of them: a KL that has come back to the healthy runs' level says the updates are no
-    longer small. None without a baseline, or when the first phase's KL is not small."""
+    longer small. None without a baseline of three or more runs, or when the first phase's KL is not
+    small. A ratio, not band widths: a KL spans orders of magnitude, and its bands are so wide in
+    linear terms that a KL five times below the healthy runs' is inside them."""
     st = ctx.s
+    if ctx.baseline is None or ctx.baseline.weak:
+        return None
     low = []
-    for phase, lo, hi, med, healthy in ctx.phase_ratios(kl_name, start, end):
+    for phase, band, _, hi, med in ctx.phase_medians(kl_name, ctx.baseline, start, end):
+        healthy = band.median
+        if healthy <= 0:
+            continue
         if med / healthy > st.kl_recovered_ratio:
             break
         low.append((phase, hi, med, healthy))
