@@ -265,6 +265,24 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_default_s23": ("Acrobot-v1", 30, 60_000, {}),
     "lunarlander_lr_7e-5": ("LunarLander-v3", 22, 100_000, {"learning_rate": 7e-5}),
     "lunarlander_default_s11": ("LunarLander-v3", 21, 100_000, {}),
+    # A twentieth held-out batch, placed before training, before the change for the slow learners missed without a
+    # baseline (a return still rising when training ends while the clip fraction stays near zero): learning rates
+    # that may slow learning on three tasks, a narrow clip range and a large entropy bonus on Acrobot, a wide clip
+    # range on CartPole (a clip fraction near zero by construction), a sparse-reward MountainCar seed, fresh
+    # healthy seeds.
+    "cartpole_lr_6e-5": ("CartPole-v1", 25, 60_000, {"learning_rate": 6e-5}),
+    "cartpole_lr_1e-4": ("CartPole-v1", 26, 60_000, {"learning_rate": 1e-4}),
+    "cartpole_clip_5": ("CartPole-v1", 29, 60_000, {"clip_range": 5.0}),
+    "cartpole_default_s19": ("CartPole-v1", 27, 60_000, {}),
+    "cartpole_default_s20": ("CartPole-v1", 28, 60_000, {}),
+    "acrobot_lr_4e-5": ("Acrobot-v1", 33, 60_000, {"learning_rate": 4e-5}),
+    "acrobot_clip_0.06": ("Acrobot-v1", 34, 60_000, {"clip_range": 0.06}),
+    "acrobot_ent_0.4": ("Acrobot-v1", 35, 60_000, {"ent_coef": 0.4}),
+    "acrobot_default_s24": ("Acrobot-v1", 36, 60_000, {}),
+    "acrobot_default_s25": ("Acrobot-v1", 37, 60_000, {}),
+    "lunarlander_lr_4e-5": ("LunarLander-v3", 23, 100_000, {"learning_rate": 4e-5}),
+    "lunarlander_default_s12": ("LunarLander-v3", 24, 100_000, {}),
+    "mountaincar_default_s9": ("MountainCar-v0", 9, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
