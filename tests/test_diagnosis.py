@@ -235,6 +235,50 @@ def test_a_kl_small_for_its_task_corroborates_a_low_clip_fraction_only_against_a
     assert [f.severity for f in diagnose(run, INFOS, baseline=weak).by_detector("clip_low")] == ["info"]
 
 
+def _held_back_run(rng, n=60, clip=0.0005, rising=True):
+    """A control run logging like SB3: an episode return that rises linearly (or levels off at two
+    thirds of the run), a clip fraction at ``clip`` and a KL at 1e-3, above its absolute low."""
+    ret = np.linspace(-500.0, -110.0, n) + rng.normal(0, 3, n)
+    if not rising:
+        ret[2 * n // 3:] = -110 + rng.normal(0, 3, n - 2 * n // 3)
+    return {"episode_return_mean": _c(ret, 1024), "clip_fraction": _c(np.full(n, clip), 1024),
+            "kl_old_mean": _c(1e-3 * np.exp(rng.normal(0, 0.2, n)), 1024)}
+
+
+def test_a_return_still_rising_while_the_clip_fraction_stays_near_zero_is_held_back():
+    rng = _rng(7)
+    params = {"learning_rate": 5e-5, "clip_range": 0.2, "n_epochs": 10}
+    d = diagnose(_held_back_run(rng), INFOS, params=params, framework="stable-baselines3")
+    low = d.by_detector("clip_low")
+    assert [f.severity for f in low] == ["warning"] and low[0].evidence["held_back_from_start"] == 1.0
+    assert "from the start of training" in low[0].title and "still rising" in low[0].title
+    slow = d.by_detector("reward_slow")
+    assert [f.severity for f in slow] == ["warning"], [f.summary() for f in d.findings]
+    assert slow[0].cause == "learning_rate_low" and "learning_rate = 5e-05" in slow[0].causes[0].text
+    assert "learning held back by the update size" in slow[0].title
+
+
+def test_held_back_needs_a_rising_return_an_informative_clip_fraction_and_a_control_task():
+    rng = _rng(8)
+    params = {"learning_rate": 5e-5, "clip_range": 0.2}
+    # Levelled off: a converged run clips little too; the low clip fraction alone is information.
+    flat_end = diagnose(_held_back_run(rng, rising=False), INFOS, params=params, framework="stable-baselines3")
+    assert not flat_end.by_detector("reward_slow")
+    assert [f.severity for f in flat_end.by_detector("clip_low")] == ["info"]
+    # A clip fraction of a healthy run (0.03, below the 0.05 low but not near zero): nothing held back.
+    ordinary = diagnose(_held_back_run(rng, clip=0.03), INFOS, params=params, framework="stable-baselines3")
+    assert not ordinary.by_detector("reward_slow")
+    # A clip range 50x the default makes the clip fraction zero by construction: it says nothing.
+    wide = diagnose(_held_back_run(rng), INFOS, params={"clip_range": 10.0}, framework="stable-baselines3")
+    assert not wide.by_detector("reward_slow")
+    assert all(f.severity == "info" for f in wide.by_detector("clip_low"))
+    # The same curves beside a response length (a language-model run) are not judged this way.
+    run = _held_back_run(rng)
+    assert diagnose(run, INFOS, params=params, framework="stable-baselines3").by_detector("reward_slow")
+    run["response_length_mean"] = _c(np.full(60, 200.0), 1024)
+    assert not diagnose(run, INFOS, params=params, framework="stable-baselines3").by_detector("reward_slow")
+
+
 def test_the_effective_clip_range_matches_the_setting_it_came_from():
     from registry.analysis.diagnosis.detectors.clipping import _effective_clip_range
     # Draw per-sample log-ratios as a PPO epoch would see them and clip them at a known eps:

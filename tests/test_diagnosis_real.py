@@ -30,37 +30,14 @@ HEALTHY_OTHER = sorted(n for n, lab in LABELS.items()
 #: Held-out problems the diagnosis misses without a baseline (reported by bench/diagnose_real.py);
 #: strict, so a fix shows. Found once the task has a baseline of its healthy runs, except those below.
 KNOWN_MISSES = {
-    "acrobot_clip_0.05": "a late rise to -319 (entropy down to 85% of its start) is not judged flat without a "
-                         "task range or baseline; its narrow-clip signature is found and names clip_range_small",
     "acrobot_ent_0.2": "a return that rises to -142 (healthy -82 to -92) with the entropy at 0.90: slower than "
                        "healthy, which only a baseline can tell",
-    "acrobot_lr_3e-5": "a return that rises to -124 (healthy -82 to -92): slower than healthy, which only a "
-                       "baseline can tell; its clip_low finding names learning_rate_low",
-    "acrobot_clip_0.04": "a return still at -438 by 30k that rises to -117 at 60k (healthy -82 to -92): slower than "
-                         "healthy, which only a baseline can tell; its narrow-clip signature is found",
     "acrobot_ent_0.3": "a return that rises to -180 with the entropy at 0.97: slower than healthy, which only a "
                        "baseline can tell",
-    "acrobot_lr_5e-5": "a clip fraction of 0 with a KL of 8e-4, 4x below healthy Acrobot runs but above the KL's "
-                       "absolute low (5e-4), and a return that rises to -112: both need the healthy runs to tell",
-    "acrobot_lr_5e-5_s32": "acrobot_lr_5e-5's setting at another seed: a clip fraction of 0 with a KL of 7e-4 and a "
-                           "return that rises to -107; both need the healthy runs to tell",
-    "cartpole_lr_7e-5": "a return that rises linearly to 328 (healthy 410-450) with a KL 2x below healthy: slower than "
-                        "healthy, which only a baseline can tell",
-    "cartpole_lr_5e-5": "a return that rises linearly to 281 (healthy 410-450) with a clip fraction of 2e-4 and a KL 3x "
-                        "below healthy CartPole runs: slower than healthy, which only a baseline can tell; its value "
-                        "loss that does not fall is found and names learning_rate_low",
-    "lunarlander_lr_5e-5": "a return that rises -181 -> -81, below every default seed: slower than healthy, which only "
-                           "a baseline can tell; its clip_low finding names learning_rate_low",
     "acrobot_clip_0.06": "a clip fraction of 0.084 with a KL of 8e-4 (an effective clip range about 0.06, not below "
                          "the 0.2 / 3 that counts as narrow) and a return that reaches -102 only at 60k",
-    "acrobot_lr_4e-5": "a return that rises to -132 (healthy -82 to -93): slower than healthy, which only a baseline "
-                       "can tell; its clip_low finding names learning_rate_low",
     "cartpole_lr_1e-4": "a return that ends at 257 (healthy 384-457) with a clip fraction 3x below healthy: slower than "
                         "healthy, which only a baseline can tell",
-    "cartpole_lr_6e-5": "a return that rises linearly to 279 (healthy 384-457) with a clip fraction of 0.0035: slower "
-                        "than healthy, which only a baseline can tell",
-    "lunarlander_lr_4e-5": "a return that rises -158 -> -73, below every default seed: slower than healthy, which only "
-                           "a baseline can tell; its clip_low finding names learning_rate_low",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
                               "detector's wider end window: the narrowing is not found",
     "pendulum_zoo_epochs_40": "found with the labelled cause, but also an entropy cliff (1.22 -> 0.53 within 3 "

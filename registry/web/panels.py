@@ -39,7 +39,8 @@ LAYER_LABELS = {
 DETECTOR_LABELS = {
     "nan_inf": "NaN / Inf", "kl_spike": "KL spike", "kl_climb": "KL climbing", "clip_high": "clip fraction high",
     "clip_low": "clip fraction low", "entropy_collapse": "entropy collapse", "reward_zero": "reward at zero",
-    "reward_drop": "reward drop", "reward_flat": "reward flat", "length_hacking": "length hacking",
+    "reward_drop": "reward drop", "reward_flat": "reward flat", "reward_slow": "learning held back",
+    "length_hacking": "length hacking",
     "value_loss_flat": "value loss flat", "signal_collapse": "signal collapse",
     "advantage_drift": "advantage drift", "grad_norm_spikes": "grad-norm spikes",
     "policy_loss_growing": "policy loss growing", "baseline_deviation": "outside the baseline",

@@ -502,6 +502,8 @@ def rank_causes(ctx: Context, f: Finding) -> None:
         specific = [lr_high(*args), epochs_high(*args), ent_negative(*args), clip_large(*args)]
     elif d == "clip_low":
         specific = [lr_low(*args), clip_small_stalls(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args)]
+    elif d == "reward_slow":
+        specific = [lr_low(*args), clip_small(*args), ent_large(hp, ctx, f.start, f.end)]
     elif d == "reward_flat":
         specific = [lr_low(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args), clip_small(*args),
                     epochs_high(*args), lr_high(*args)]

@@ -141,6 +141,11 @@ class DiagnosisSettings:
     plateau_frac: float = 0.3
     #: ... and is not still rising steadily (rank correlation with time below this).
     plateau_max_corr: float = 0.5
+    #: A control run's reward is still rising at its last logged step when the rank correlation of its
+    #: raw values with time over the last ``plateau_frac`` of the run is at least this (and its smoothed
+    #: level ends higher than it began there). Raw, not smoothed: a rolling median of noise is
+    #: autocorrelated and ranks as a trend far more often.
+    rising_min_corr: float = 0.5
 
     # --- KL ---------------------------------------------------------------------------
     #: A KL point this many times its recent running level (trailing median) is a spike ...
@@ -188,6 +193,12 @@ class DiagnosisSettings:
     kl_recovered_ratio: float = 0.5
     #: Without a KL curve to corroborate, clip fraction below low * this is "too conservative".
     clip_near_zero_factor: float = 0.2
+    #: A clip fraction below low * this from the start of training says the updates stay far inside the
+    #: clip range (for SB3's 0.2, a KL well under 0.002); with the reward still rising at the last
+    #: step, the run is held back by its update size. On the labelled runs up to batch 19 no healthy
+    #: run's first-half median was below 0.0188, and learning rates 4x or more below the default
+    #: were at 0.0017 or below.
+    clip_held_back_factor: float = 0.1
 
     # --- entropy ------------------------------------------------------------------------
     #: A cliff loses at least this fraction of the entropy level ...

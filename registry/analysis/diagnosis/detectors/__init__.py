@@ -36,6 +36,7 @@ from registry.analysis.diagnosis.detectors.objective import (
     detect_advantage_drift,
     detect_reward_drop,
     detect_reward_flat,
+    detect_reward_slow,
     detect_reward_zero,
 )
 from registry.analysis.diagnosis.types import Finding
@@ -51,6 +52,7 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("reward_drop", detect_reward_drop),
     ("reward_flat", detect_reward_flat),
     ("entropy_collapse", detect_entropy_narrowing),     # reads reward_flat's findings
+    ("reward_slow", detect_reward_slow),                # reads the clip fraction's and the reward's
     ("length_hacking", detect_length_hacking),
     ("value_loss_flat", detect_value_loss_flat),
     ("signal_collapse", detect_signal_collapse),

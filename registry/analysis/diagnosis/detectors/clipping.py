@@ -11,7 +11,7 @@ from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.ranges import baseline_source
 from registry.analysis.diagnosis.signal import TINY, Series, merge_close, rolling_median, runs
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import top
+from registry.analysis.diagnosis.detectors.common import Rising, reward_still_rising, top
 
 
 def detect_clip_high(ctx: Context) -> list[Finding]:
@@ -194,23 +194,50 @@ def detect_clip_low(ctx: Context) -> list[Finding]:
     return found[: st.max_findings_per_metric]
 
 
+def _held_back(ctx: Context, sr: Series, a: int, b: int) -> Rising | None:
+    """The still-rising reward when the clip fraction over bins [a, b] sits below
+    ``clip_held_back_factor`` of its healthy low from the start of training: updates that stay far
+    inside the clip range from the first rollouts on, while the reward has not levelled off, are
+    holding the run back (a healthy run clips more early on, when its policy changes most; one
+    that has converged clips little, but its reward no longer rises). None otherwise, and when the
+    run's clip range is far above its default: then the clip fraction is low by construction and
+    says nothing of the update size."""
+    low, _ = ctx.range(sr.name)
+    if low is None or a >= ctx.early(sr.n) or float(np.median(sr.y[a:b + 1])) >= ctx.s.clip_held_back_factor * low:
+        return None
+    clip = ctx.hp.get("clip_range") if ctx.hp is not None else None
+    if clip is not None and (clip.far(ctx.s.cause_setting_factor) or 0) > 1:
+        return None
+    return reward_still_rising(ctx)
+
+
 def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: int, kl_bound: str | None,
                       extra: dict | None) -> Finding:
     """The clip_low finding over bins [a, b]: "too conservative" (a warning) when the KL corroborates
-    it (``kl_bound`` says against what), else information. ``extra`` is None without a KL curve:
-    then a clip fraction near zero corroborates on its own."""
+    it (``kl_bound`` says against what) or when the clip fraction stays near zero from the start
+    while the reward is still rising (:func:`_held_back`), else information. ``extra`` is None
+    without a KL curve: then a clip fraction near zero corroborates on its own."""
     st = ctx.s
     low, _ = ctx.range(name)
     kl_name = ctx.first("kl_update")
     start, end = sr.step(a), sr.step_end(b)
     med = float(np.median(sr.y[a:b + 1]))
     ev = {"median": med, "healthy_low": low, "points": (b - a + 1) * sr.bin_size}
+    held_back = _held_back(ctx, sr, a, b)
     if extra is None:
-        corroborated = med < st.clip_near_zero_factor * low
+        corroborated = med < st.clip_near_zero_factor * low or held_back is not None
     else:
         ev["kl_median"] = ctx.median_between(kl_name, start, end)
         ev.update(extra)
-        corroborated = kl_bound is not None
+        corroborated = kl_bound is not None or held_back is not None
+    why = f" and KL {ev['kl_median']:.2g}{kl_bound}" if kl_bound else ""
+    if held_back is not None:
+        ev.update({"held_back_from_start": 1.0, "reward_rising_from": held_back.level_from,
+                   "reward_rising_to": held_back.level_to, "reward_rising_corr": held_back.corr})
+        if not kl_bound:
+            kl_words = f", KL {ev['kl_median']:.2g}" if ev.get("kl_median") is not None else ""
+            why = (f" from the start of training (below {st.clip_held_back_factor * low:g}{kl_words}) while "
+                   f"{held_back.words()}: the updates stay far inside the clip range")
     collapsed = ctx.overlapping("entropy_collapse", start, end, int(st.joint_overlap_frac * ctx.span))
     causes = ["learning rate too small (the policy barely moves)", "too few epochs / too large minibatches",
               "clip range much wider than the actual update"]
@@ -218,10 +245,8 @@ def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: in
         causes.insert(0, "the policy has collapsed (entropy near zero), so updates no longer change it")
     return ctx.finding(
         "clip_low", name, start, end, "warning" if corroborated else "info",
-        (f"updates too conservative: clip fraction {med:.3g} < {low:g}"
-         + (f" and KL {ev['kl_median']:.2g}{kl_bound}" if kl_bound else "")
-         if corroborated else
-         f"clip fraction {med:.3g} below {low:g}, but KL is in range (acceptable late in training)")
+        (f"updates too conservative: clip fraction {med:.3g} < {low:g}{why}" if corroborated else
+         f"clip fraction {med:.3g} below {low:g}, but KL is in range: the policy still moves")
         + f" for {(b - a + 1) * sr.bin_size} points",
         evidence=ev, causes=causes,
         check=["learning rate (and its schedule)", "KL to the old policy", "entropy (collapsed policy?)"],

@@ -1,8 +1,13 @@
-"""What every detector family shares: the cap on findings per metric."""
+"""What every detector family shares: the cap on findings per metric, and whether a control run's
+reward is still rising at its last logged step (read by the clip fraction and by the reward)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.signal import rank_corr, rolling_median
 from registry.analysis.diagnosis.types import Finding
 
 
@@ -13,3 +18,47 @@ def top(findings: list[Finding], ctx: Context, key: str) -> list[Finding]:
         return findings
     keep = sorted(findings, key=lambda f: -abs(f.evidence.get(key, 0.0)))[:k]
     return sorted(keep, key=lambda f: f.start)
+
+
+@dataclass(frozen=True)
+class Rising:
+    """A reward still rising over the last part of a run: from ``level_from`` (at ``step_from``) to
+    ``level_to``, with the raw values' rank correlation with time ``corr`` over ``points`` points."""
+
+    name: str
+    step_from: int
+    level_from: float
+    level_to: float
+    corr: float
+    points: int
+
+    def words(self) -> str:
+        return (f"{self.name} is still rising at its last logged step ({self.level_from:.4g} -> {self.level_to:.4g} "
+                f"over the last {self.points} points, rank correlation with time {self.corr:.2f})")
+
+
+def reward_still_rising(ctx: Context) -> Rising | None:
+    """The reward of a control run when it rises steadily over the last ``plateau_frac`` of the run
+    (the raw values' rank correlation with time at least ``rising_min_corr``, the smoothed level
+    higher at the end than at the start of that stretch); None otherwise, for runs shorter than
+    ``flat_min_points``, and for language-model runs: what it supports (updates held back from the
+    start, ``detect_reward_slow``) was measured on control tasks only, and a language model's
+    learning rates and clip fractions are orders of magnitude smaller by their own defaults."""
+    st = ctx.s
+    name = ctx.first("reward")
+    if ctx.run_kind != "control" or name is None:
+        return None
+    sr = ctx.series(name)
+    n = sr.n
+    if n < st.flat_min_points:
+        return None
+    sign = 1.0 if ctx.higher_is_better(name) else -1.0
+    tail = max(st.persist_min_points * 2, int(round(st.plateau_frac * n)))
+    y = sign * sr.y[n - tail:]
+    corr = rank_corr(y)
+    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    k = max(1, tail // 4)
+    start, end = float(np.median(s[:k])), float(np.median(s[-k:]))
+    if corr < st.rising_min_corr or end <= start:
+        return None
+    return Rising(name, sr.step(n - tail), sign * start, sign * end, corr, tail * sr.bin_size)

@@ -17,7 +17,7 @@ from registry.analysis.diagnosis.signal import (
     trend_noise_sigma,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import top
+from registry.analysis.diagnosis.detectors.common import reward_still_rising, top
 
 
 # ---------------------------------------------------------------------------------------
@@ -403,6 +403,50 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
                "runs of the same task that succeeded (baseline)"],
         action="compare the settings with a configuration that solved this task",
         detected_at=sr.step_end(n - 1), layer=ctx.layer(name))]
+
+
+def detect_reward_slow(ctx: Context) -> list[Finding]:
+    """A control run's reward still rising at its last logged step while its updates were held back
+    from the start: a clip_low warning of a clip fraction near zero from the first rollouts
+    (``held_back_from_start``), or updates clipped by a narrow bound although the policy barely moves
+    (clip_high's effective clip range). Without a baseline the reward's level cannot say the run is
+    slow (a healthy LunarLander run is still rising at 100k steps too); the update size beside it
+    can. Runs after the clip-fraction detectors and ``detect_reward_flat``, and says nothing when a
+    reward finding already speaks for the reward."""
+    name = ctx.first("reward")
+    if name is None or any(f.at_least("warning") for d in ("reward_flat", "reward_drop", "reward_zero")
+                           for f in ctx.overlapping(d, -2**62, 2**62)):
+        return []
+    rising = reward_still_rising(ctx)
+    if rising is None:
+        return []
+    sr = ctx.series(name)
+    early_end = sr.step_end(ctx.early(sr.n) - 1)
+    held = [f for f in ctx.findings if f.at_least("warning") and f.start <= early_end and (
+        (f.detector == "clip_low" and f.evidence.get("held_back_from_start"))
+        or (f.detector == "clip_high" and "effective_clip_range" in f.evidence))]
+    if not held:
+        return []
+    h = max(held, key=lambda f: f.end - f.start)
+    how = (f"the clip fraction stayed at {h.evidence['median']:.3g} from the start (its healthy low is "
+           f"{h.evidence['healthy_low']:g})" if h.detector == "clip_low" else
+           f"a clip fraction of {h.evidence['median']:.3g} with a KL of {h.evidence['kl_median']:.2g} means a clip "
+           f"range of about {h.evidence['effective_clip_range']:.2g}")
+    return [ctx.finding(
+        "reward_slow", name, sr.step(0), sr.step_end(sr.n - 1), "warning",
+        f"learning held back by the update size: {rising.words()}, while {how} over steps {h.start}-{h.end}",
+        evidence={"reward_from": rising.level_from, "reward_to": rising.level_to, "rising_corr": rising.corr,
+                  "rising_points": rising.points, "held_back_by_clip_low": float(h.detector == "clip_low"),
+                  "held_back_start": h.start,
+                  "held_back_end": h.end},
+        causes=["the learning rate is too small for this task (the policy barely moves per update)",
+                "the clip range is too narrow (ordinary updates are cut short)",
+                "an entropy bonus large enough to hold the policy near random"],
+        check=["learning rate, clip range and entropy coefficient against a configuration that solved this task",
+               "KL to the old policy (how far each update moves the policy)"],
+        action="enlarge the update (learning rate or clip range, whichever is below its usual value), "
+               "or train longer",
+        detected_at=sr.step_end(sr.n - 1), related=[h.metric], layer=ctx.layer(name))]
 
 
 def detect_advantage_drift(ctx: Context) -> list[Finding]:
