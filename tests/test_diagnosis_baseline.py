@@ -250,8 +250,8 @@ def test_baseline_supplies_a_range_where_the_definition_has_none():
 
 
 def test_a_reward_judged_against_a_baseline_says_so_instead_of_task_range():
-    """A task with no task range (LunarLander): the baseline's padded band is what reward_flat measured
-    the improvement against, and its title names that band, not 'the task range'."""
+    """A task with no task range (LunarLander): the baseline's band, widened below only, is what
+    reward_flat measured the improvement against, and its title names that band, not 'the task range'."""
     steps = np.arange(1, 99) * 1024
     infos = default_metric_infos("LunarLander-v3")
 
@@ -260,6 +260,14 @@ def test_a_reward_judged_against_a_baseline_says_so_instead_of_task_range():
         return {"episode_return_mean": Curve(steps, np.linspace(-170, end, steps.size) + rng.normal(0, 2, steps.size))}
 
     prof = build_baseline("LunarLander-v3", [run(e, s) for s, e in enumerate((-20, 10, 60, 100))], infos=infos)
-    flat = diagnose(run(-90, 9), infos, baseline=prof).by_detector("reward_flat")
+    flat = diagnose(run(-150, 9), infos, baseline=prof).by_detector("reward_flat")
     assert flat and "of the range learned from the LunarLander-v3 baseline (4 healthy runs)" in flat[0].title
     assert "task range" not in flat[0].title
+    # The range's top is the best healthy band's high. A run that rose by 90 (the healthy runs by 150-270)
+    # is slower, which the late band judges; on a range padded above the best it was "barely improving".
+    from registry.analysis.diagnosis.ranges import resolve_range
+    from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
+    r = resolve_range("episode_return_mean", infos["episode_return_mean"], prof, DEFAULT_SETTINGS)
+    top = max(b.high for b in (prof.metrics["episode_return_mean"].band(p) for p in ("early", "mid", "late")) if b)
+    assert r["high"] == top and r["low"] < -170
+    assert not diagnose(run(-80, 10), infos, baseline=prof).by_detector("reward_flat")

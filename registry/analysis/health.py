@@ -45,7 +45,7 @@ from registry.dictionary.definitions import dictionary_stamp, healthy_range_for
 log = logging.getLogger(__name__)
 
 #: Bump when detectors or their settings change: every stored row becomes stale.
-DIAGNOSIS_VERSION = 15
+DIAGNOSIS_VERSION = 16
 #: Severities drawn on the plots and counted as problems.
 PROBLEM_SEVERITIES = ("warning", "critical")
 #: How long a web request waits for the write lock to store findings (then it skips storing).
@@ -395,7 +395,7 @@ def definition_ranges(registry: Registry, definition: Mapping[str, Any]) -> list
     for task, profile in stored:
         if healthy_range_for(definition, task) != (None, None):
             continue                      # the dictionary's range wins for this task
-        r = resolve_range(name, None, BaselineProfile.from_dict(profile), DEFAULT_SETTINGS)
+        r = resolve_range(name, None, BaselineProfile.from_dict(profile), DEFAULT_SETTINGS, definition.get("quantity"))
         if r is not None and r["source"] != FALLBACK_SOURCE:
             rows.append({"scope": task, "low": r["low"], "high": r["high"], "source": r["source"],
                          "applies": f"runs of {task} (no dictionary range for it)"})

@@ -26,14 +26,23 @@ def baseline_source(baseline: Any) -> str:
     return f"learned from the {baseline.task} baseline{runs}"
 
 
-def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: DiagnosisSettings
-                  ) -> dict[str, Any] | None:
+#: Quantities whose range learned from a baseline is widened below only (see :func:`resolve_range`).
+SCORE_QUANTITIES = frozenset({"reward", "return"})
+
+
+def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: DiagnosisSettings,
+                  quantity: str | None = None) -> dict[str, Any] | None:
     """``{"low", "high", "source"}`` for metric ``name``, or None when nothing gives it a range.
 
     A baseline's range is its early, mid and late bands together, widened by
     ``settings.baseline_range_widen`` band widths on each side (the bands are medians of a few
-    runs: a run may wander further and still be healthy).
+    runs: a run may wander further and still be healthy). A reward or return (``info.quantity``, or
+    ``quantity`` when there is no info) is widened below only: its top is the best level the
+    healthy runs reached, and no run is unhealthy for doing better. Widened above too, the flat test
+    measured progress on a scale three times too coarse (LunarLander's learned range was [-602, +579], and
+    a healthy run's rise from -167 to -36 was 11% of it: "barely improves").
     """
+    quantity = info.quantity if info is not None and info.quantity else quantity
     low = info.healthy_low if info is not None else None
     high = info.healthy_high if info is not None else None
     if low is not None or high is not None:
@@ -46,7 +55,8 @@ def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: D
         if bands:
             lo, hi = min(b.low for b in bands), max(b.high for b in bands)
             pad = settings.baseline_range_widen * max(hi - lo, 1e-12)
-            return {"low": lo - pad, "high": hi + pad, "source": baseline_source(baseline)}
+            return {"low": lo - pad, "high": hi + (0.0 if quantity in SCORE_QUANTITIES else pad),
+                    "source": baseline_source(baseline)}
     low, high = settings.fallback_ranges.get(name, (None, None))
     if low is not None or high is not None:
         return {"low": low, "high": high, "source": FALLBACK_SOURCE}

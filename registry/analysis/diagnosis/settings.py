@@ -294,8 +294,9 @@ class DiagnosisSettings:
     #: metric's band has zero width).
     baseline_noise_floor: float = 2.0
     baseline_rel_floor: float = 0.01
-    #: For a metric whose definition has no healthy range, the baseline's bands (early and
-    #: mid together) widened by this many band widths on each side serve as one.
+    #: For a metric whose definition has no healthy range, the baseline's bands (early, mid and
+    #: late together) widened by this many band widths on each side serve as one; a reward's or
+    #: return's only below (``ranges.resolve_range``).
     baseline_range_widen: float = 1.0
 
     # --- joint readings ----------------------------------------------------------------------
