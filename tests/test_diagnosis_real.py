@@ -36,6 +36,12 @@ KNOWN_MISSES = {
                        "baseline can tell",
     "acrobot_clip_0.06": "a clip fraction of 0.084 with a KL of 8e-4 (an effective clip range about 0.06, not below "
                          "the 0.2 / 3 that counts as narrow) and a return that reaches -102 only at 60k",
+    "acrobot_ent_0.15": "a return that ends at -121 (healthy -82 to -98) with the entropy at 0.81 and a clip fraction "
+                        "and KL like healthy runs': slower than healthy, which only a baseline can tell",
+    "acrobot_ent_0.25": "a return that ends at -183 with the entropy at 0.93 and a healthy-like KL: slower than healthy, "
+                        "which only a baseline can tell",
+    "cartpole_lr_1e-4_s33": "a return still rising to 322 (healthy 383-457) with a clip fraction 4x below healthy, "
+                            "far from zero: slower than healthy, which only a baseline can tell",
     "cartpole_lr_1e-4": "a return that ends at 257 (healthy 384-457) with a clip fraction 3x below healthy: slower than "
                         "healthy, which only a baseline can tell",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
