@@ -307,6 +307,27 @@ def test_an_ordinary_clip_fraction_with_a_tiny_kl_is_a_narrow_clip_range():
     assert not diagnose({"clip_fraction": _c(clip), "kl_old_mean": _c(healthy_kl)}, INFOS).by_detector("clip_high")
 
 
+def test_a_set_narrow_clip_range_counts_once_the_curves_show_it_binds():
+    """acrobot_clip_0.06's curves: a clip fraction of 0.084 with a KL of 8e-4 estimate a range of about 0.069,
+    just above a third of the usual 0.2; the run's own setting, 0.06, is what the curves confirm."""
+    rng = _rng(61)
+    n = 58
+    curves = lambda: {"clip_fraction": _c(np.clip(0.084 + rng.normal(0, 0.005, n), 0, 1)),  # noqa: E731
+                      "kl_old_mean": _c(8e-4 * np.exp(rng.normal(0, 0.05, n)))}
+    assert not diagnose(curves(), INFOS).by_detector("clip_high")           # no setting: 0.069 is not narrow
+    f = diagnose(curves(), INFOS, params={"clip_range": 0.06}, framework="stable-baselines3").by_detector("clip_high")
+    assert f and f[0].severity == "warning" and f[0].evidence["declared_clip_range"] == 0.06
+    assert 0.06 < f[0].evidence["effective_clip_range"] < 0.08
+    assert "(the run sets clip_range = 0.06, 3.3x below the SB3 default 0.2)" in f[0].title
+    # A set range within 3x of the default is not called narrow, whatever the estimate ...
+    assert not diagnose(curves(), INFOS, params={"clip_range": 0.08}, framework="stable-baselines3"
+                        ).by_detector("clip_high")
+    # ... and a narrow setting the curves do not bear out (they clip as a range of 0.069 would, not 0.02) is not
+    # what clips these updates.
+    assert not diagnose(curves(), INFOS, params={"clip_range": 0.02}, framework="stable-baselines3"
+                        ).by_detector("clip_high")
+
+
 def test_entropy_cliff_versus_gentle_decline():
     rng = _rng(4)
     n = 200

@@ -34,8 +34,6 @@ KNOWN_MISSES = {
                        "healthy, which only a baseline can tell",
     "acrobot_ent_0.3": "a return that rises to -180 with the entropy at 0.97: slower than healthy, which only a "
                        "baseline can tell",
-    "acrobot_clip_0.06": "a clip fraction of 0.084 with a KL of 8e-4 (an effective clip range about 0.06, not below "
-                         "the 0.2 / 3 that counts as narrow) and a return that reaches -102 only at 60k",
     "acrobot_ent_0.15": "a return that ends at -121 (healthy -82 to -98) with the entropy at 0.81 and a clip fraction "
                         "and KL like healthy runs': slower than healthy, which only a baseline can tell",
     "acrobot_ent_0.25": "a return that ends at -183 with the entropy at 0.93 and a healthy-like KL: slower than healthy, "
@@ -50,7 +48,7 @@ KNOWN_MISSES = {
                               "updates during the KL climb) that its label, written before, says is not there",
 }
 #: Of those, the ones a baseline does not find either.
-MISSED_EVEN_WITH_A_BASELINE: set[str] = {"acrobot_clip_0.06"}
+MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
 KNOWN_FALSE_ALARMS: dict[str, str] = {
     "pendulum_zoo_s6": "an early KL jump to 0.060 (5.7x a start-of-training level) with the clip fraction at 0.317, "

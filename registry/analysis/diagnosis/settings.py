@@ -178,6 +178,12 @@ class DiagnosisSettings:
     #: PPO's clip range when the run does not say its framework's default: 0.2, the default of every
     #: framework in ``hyperparams.FRAMEWORK_DEFAULTS`` (SB3, CleanRL, TRL, verl; sources there).
     usual_clip_range: float = 0.2
+    #: Updates clipped although the policy barely moves: the effective clip range (from the clip
+    #: fraction and the KL) below ``usual_clip_range / cause_setting_factor``; or, for a run that sets
+    #: its clip range that far below its default, below this multiple of the set value. The estimate
+    #: runs 10-20% above a narrow set value on the labelled runs (0.069 for a set 0.06, just above
+    #: 0.2 / 3): the set value, once the curves confirm the bound binds, is the better measure.
+    clip_binding_factor: float = 1.5
     #: "Too conservative" needs KL to the old policy below its healthy low, or (no low in its
     #: definition) below this fraction of its healthy high.
     kl_conservative_frac: float = 0.01

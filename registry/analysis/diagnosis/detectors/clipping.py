@@ -84,7 +84,9 @@ def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarra
     """Updates clipped although the policy barely moves: the clip fraction is in its range (or above it)
     while the KL is so small that only a narrow bound can clip that many samples. A clip fraction
     alone cannot show this (0.11 is ordinary), nor a KL alone (a small KL is also a slow learning
-    rate); together they give the clip range the run effectively trains with."""
+    rate); together they give the clip range the run effectively trains with. Narrow is a third of
+    the usual range, or, when the run sets a range that far below its default, anything up to
+    ``clip_binding_factor`` times the set value: the curves confirm the set bound is what clips."""
     kl_name = ctx.first("kl_update")
     low, _ = ctx.range(name)
     if kl_name is None or low is None:
@@ -101,9 +103,12 @@ def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarra
     setting = ctx.hp.get("clip_range") if ctx.hp is not None else None
     usual = setting.default if setting is not None and setting.default else st.usual_clip_range
     narrow = usual / st.cause_setting_factor
+    far = setting.far(st.cause_setting_factor) if setting is not None else None
+    declared = setting if far is not None and 0 < far < 1 else None
+    bound = max(narrow, st.clip_binding_factor * declared.value) if declared is not None else narrow
     found = []
     with np.errstate(invalid="ignore"):
-        cond = (cf >= low) & (eps < narrow) & ~covered
+        cond = (cf >= low) & (eps < bound) & ~covered
     # a break shorter than a stretch that counts on its own does not split the finding in two
     for a, b in merge_close(runs(cond, L), L):
         e, c = float(np.nanmedian(eps[a:b + 1])), float(np.median(sr.y[a:b + 1]))
@@ -111,10 +116,12 @@ def _clipped_small_steps(ctx: Context, name: str, sr: Series, covered: np.ndarra
         found.append(ctx.finding(
             "clip_high", name, sr.step(a), sr.step_end(b), "warning",
             f"updates clipped although the policy barely moves: clip fraction {c:.3g} with KL {k:.2g} means a "
-            f"clip range of about {e:.2g}, {usual / e:.0f}x narrower than the usual {usual:g}, "
-            f"for {(b - a + 1) * sr.bin_size} points",
+            f"clip range of about {e:.2g}, {usual / e:.0f}x narrower than the usual {usual:g}"
+            + (f" (the run sets {declared.describe()})" if declared is not None else "")
+            + f", for {(b - a + 1) * sr.bin_size} points",
             evidence={"median": c, "kl_median": k, "effective_clip_range": e, "usual_clip_range": usual,
-                      "points": (b - a + 1) * sr.bin_size},
+                      "points": (b - a + 1) * sr.bin_size,
+                      **({"declared_clip_range": declared.value} if declared is not None else {})},
             causes=["the clip range is too small: ordinary updates leave [1 - eps, 1 + eps] and stop there"],
             check=["the clip range setting", "learning rate (is the step small because of it?)"],
             action=f"raise the clip range towards {usual:g}",
