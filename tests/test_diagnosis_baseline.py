@@ -153,6 +153,34 @@ def test_a_deviation_names_a_differing_setting_by_the_cause_rules_own_key():
         assert late and late[0].causes[0].key == key, [c.key for c in late[0].causes]
 
 
+def test_a_return_that_never_changed_is_named_a_sparse_reward_beside_the_healthy_runs():
+    """acrobot_default_s11 and s26: default settings, a return of exactly -500 at every update while the
+    healthy seeds reach -85. No setting differs; the return itself says no episode reached the goal."""
+    infos = default_metric_infos("Acrobot-v1")
+    steps = np.arange(1, 59) * 1024
+    rng = np.random.default_rng(3)
+
+    def healthy(seed: int) -> dict:
+        r = np.random.default_rng(seed)
+        ret = np.concatenate([np.full(10, -500.0), np.linspace(-500, -90, 25), np.full(23, -88.0)])
+        return {"episode_return_mean": Curve(steps, ret + r.normal(0, 2, 58)),
+                "entropy": Curve(steps, np.geomspace(1.09, 0.15, 58) * (1 + r.normal(0, 0.01, 58)))}
+
+    prof = build_baseline("Acrobot-v1", [healthy(s) for s in range(4)], infos=infos,
+                          hyperparams={"learning_rate": [3e-4] * 4})
+    stuck = {"episode_return_mean": Curve(steps, np.full(58, -500.0)),
+             "entropy": Curve(steps, np.geomspace(1.09, 0.25, 58) * (1 + rng.normal(0, 0.01, 58)))}
+    d = diagnose(stuck, infos, baseline=prof, params={"learning_rate": 3e-4}, framework="stable-baselines3")
+    dev = [f for f in d.findings if f.detector == "baseline_deviation" and f.at_least("warning")]
+    assert dev and all(f.causes[0].key == "sparse_reward" for f in dev)
+    assert all(f.suggested_action.startswith("explore more") for f in dev)
+    # A run that moved is not called one that never found another outcome.
+    moved = healthy(9)
+    moved["episode_return_mean"] = Curve(steps, np.linspace(-500, -200, 58) + rng.normal(0, 2, 58))
+    d = diagnose(moved, infos, baseline=prof, params={"learning_rate": 3e-4}, framework="stable-baselines3")
+    assert all(c.key != "sparse_reward" for f in d.by_detector("baseline_deviation") for c in f.causes)
+
+
 def test_edited_warning_text_is_used():
     healthy = _runs("healthy", range(4))
     data = build_baseline("synthetic-math", [r.curves for r in healthy]).to_dict()

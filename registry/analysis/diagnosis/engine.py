@@ -13,6 +13,7 @@ from registry.analysis.diagnosis.causes import (
     apply_uninformative,
     finding_confidence,
     rank_causes,
+    sparse_reward,
 )
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors import DETECTORS
@@ -128,6 +129,10 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
     weak = profile.n_runs < st.baseline_min_runs
     strength = baseline_strength(profile)
     differing = [s for s in ctx.hp.settings.values() if _differs(s, st.cause_setting_factor)]
+    # With the healthy runs' settings, a return that never changed says why the run differs from them: no
+    # episode reached another outcome (their exploration found the goal, this run's did not). A setting far
+    # from theirs explains it better (a learning rate of 1e-6 also leaves the return at its floor).
+    never_changed = sparse_reward(ctx) if not differing else None
     caught_up = _ended_level_with_healthy_runs(ctx, profile)
     reward = ctx.first("reward")
     for name, mb in sorted(profile.metrics.items()):
@@ -171,11 +176,14 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                 check=[f"compare the {phase} {name} curve with the healthy {profile.task} runs",
                        "hyper-parameters that differ from those runs"],
                 action=("align these settings with the healthy runs: " + "; ".join(s.describe() for s in differing))
-                if differing else "no hyper-parameter read from this run differs from the healthy runs' by "
-                                  f"{st.cause_setting_factor:g}x or more: compare the curves",
+                if differing else never_changed.action if never_changed is not None
+                else "no hyper-parameter read from this run differs from the healthy runs' by "
+                     f"{st.cause_setting_factor:g}x or more: compare the curves",
                 detected_at=end, layer="comparison")
             f.causes = [Cause(_setting_cause_key(s), s.describe(), 0.5, [s.describe()],
                               f"align {s.name} with the healthy runs ({s.healthy:g})") for s in differing]
+            if never_changed is not None:
+                f.causes.insert(0, never_changed)
             f.causes += [Cause("generic", t, 0.15) for t in f.likely_causes]
             f.likely_causes = [c.text for c in f.causes]
             if weak:
