@@ -322,6 +322,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "cartpole_clip_0.06": ("CartPole-v1", 38, 60_000, {"clip_range": 0.06}),
     "cartpole_clip_0.1": ("CartPole-v1", 39, 60_000, {"clip_range": 0.1}),
     "lunarlander_clip_0.06": ("LunarLander-v3", 32, 100_000, {"clip_range": 0.06}),
+    # A twenty-fourth held-out batch, placed before training, before a change for pendulum_zoo_s6's false alarm (a KL
+    # "spike" measured against one or two start-of-training updates: the KL rising to its operating level at the
+    # healthy high): fresh zoo Pendulum seeds, learning rates above the zoo's, and learning rates that blow up early
+    # on three tasks (whose first large updates must still count).
+    "pendulum_zoo_s13": ("Pendulum-v1", 18, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s14": ("Pendulum-v1", 19, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_s15": ("Pendulum-v1", 20, 100_000, PENDULUM_ZOO),
+    "pendulum_zoo_lr_3e-3_s21": ("Pendulum-v1", 21, 100_000, {**PENDULUM_ZOO, "learning_rate": 3e-3}),
+    "pendulum_zoo_lr_2e-3_s22": ("Pendulum-v1", 22, 100_000, {**PENDULUM_ZOO, "learning_rate": 2e-3}),
+    "cartpole_lr_1e-2_s40": ("CartPole-v1", 40, 60_000, {"learning_rate": 1e-2}),
+    "cartpole_default_s24": ("CartPole-v1", 41, 60_000, {}),
+    "acrobot_lr_1e-2_s46": ("Acrobot-v1", 46, 60_000, {"learning_rate": 1e-2}),
+    "lunarlander_lr_1e-2_s33": ("LunarLander-v3", 33, 100_000, {"learning_rate": 1e-2}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
