@@ -132,6 +132,22 @@ def test_kl_spike_needs_the_healthy_range_gate():
     assert not diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")
 
 
+def test_a_kl_rising_to_its_operating_level_in_the_first_updates_is_no_spike():
+    """pendulum_zoo_s6: KL 0.011, 0.016, then 0.060 and about 0.05 from there on (the zoo's tuned configuration
+    runs at the healthy high); against its first update that is 5.7x, but no running level exists yet."""
+    rng = _rng(8)
+    kl = np.concatenate([[0.0107, 0.0158, 0.0603], 0.048 * np.exp(rng.normal(0, 0.08, 21))])
+    assert not diagnose({"kl_old_mean": _c(kl, 4096)}, INFOS).by_detector("kl_spike")
+    # An early jump well above the high still counts (a learning rate that blows up in its third update) ...
+    early = kl.copy()
+    early[2] = 0.25
+    f = diagnose({"kl_old_mean": _c(early, 4096)}, INFOS).by_detector("kl_spike")
+    assert f and f[0].start == 3 * 4096 and f[0].severity == "critical"
+    # ... and once a running level exists, the usual gate (the healthy high itself) applies.
+    later = np.concatenate([0.0107 * np.exp(rng.normal(0, 0.05, 12)), [0.0603], 0.0107 * np.ones(11)])
+    assert diagnose({"kl_old_mean": _c(later, 4096)}, INFOS).by_detector("kl_spike")
+
+
 def test_kl_climbing_steadily_is_reported_with_its_onset():
     rng = _rng(1)
     n = 300

@@ -50,10 +50,11 @@ KNOWN_MISSES = {
 #: Of those, the ones a baseline does not find either.
 MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
-KNOWN_FALSE_ALARMS: dict[str, str] = {
-    "pendulum_zoo_s6": "an early KL jump to 0.060 (5.7x a start-of-training level) with the clip fraction at 0.317, "
-                       "while the return climbs; the clip fraction stays at 0.305 after it, not back under 0.3, so "
-                       "the episode is not settled",
+KNOWN_FALSE_ALARMS: dict[str, str] = {}
+#: Healthy runs that get a warning only with a baseline of the task's other healthy runs; strict, so a fix shows.
+FALSE_ALARMS_WITH_A_BASELINE: dict[str, str] = {
+    "pendulum_zoo_s6": "its late return (-272) ends 1.1 band widths below the other zoo seeds' late band, and the "
+                       "clip fraction's 5 updates at 0.314 stay a warning beside that deviation",
 }
 BORDERLINE_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "borderline")
 
@@ -138,7 +139,10 @@ def test_healthy_runs_are_healthy_with_and_without_a_baseline_of_the_other_healt
     db = diagnose_run(registry, name)
     assert db.baseline_note == (f"weak baseline (n={len(others)})" if weak
                                 else f"baseline of n={len(others)} healthy runs")
-    assert db.healthy, [f.summary() for f in db.at_least("warning")]
+    if name in FALSE_ALARMS_WITH_A_BASELINE:            # strict: a fix shows here
+        assert not db.healthy
+    else:
+        assert db.healthy, [f.summary() for f in db.at_least("warning")]
 
 
 def test_a_baseline_of_the_tasks_healthy_runs_finds_what_the_dictionary_alone_misses(registry):

@@ -156,6 +156,11 @@ class DiagnosisSettings:
     spike_gate_frac: float = 1.0
     #: Trailing window (points) for the running level; the metric's window if larger.
     spike_ref_points: int = 5
+    #: Within the first window of a run the running level is the first update or two, which a fresh
+    #: policy's KL climbs from to its operating level: a jump there counts only above this multiple of
+    #: the healthy high. The zoo's tuned Pendulum runs climb from 0.011 to 0.06 in two updates (high
+    #: 0.05); learning rates that blow up early jump to 0.2-2.9 in their first five.
+    spike_early_high_factor: float = 1.5
     #: What followed a lone spike is read over this fraction of the run after it (and the reward's
     #: level before it): KL back in range and the reward not lower make it information.
     spike_aftermath_frac: float = 0.15

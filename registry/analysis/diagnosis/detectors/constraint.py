@@ -39,7 +39,8 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
         ratio = peak / np.maximum(ref, floor)
         cond = ratio >= st.spike_ratio
         if high is not None:
-            cond &= peak > st.spike_gate_frac * high
+            early = np.arange(n) < R            # the running level is still the first update or two
+            cond &= peak > np.where(early, st.spike_early_high_factor, st.spike_gate_frac) * high
         else:
             cond &= ratio >= st.spike_ratio_critical
         M = ctx.persist(n)
