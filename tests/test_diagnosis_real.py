@@ -44,11 +44,16 @@ KNOWN_MISSES = {
                         "healthy, which only a baseline can tell",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
                               "detector's wider end window: the narrowing is not found",
+    "pendulum_zoo_lr_2e-3_s22": "its KL and clip fraction are found, not the return's fall from -183 to -293 over the "
+                                "last two updates, too short for a drop to persist",
+    "pendulum_zoo_lr_3e-3_s21": "its KL and clip fraction are found, not the return's slide from -225 to -289 and -332 at "
+                                "the last update: within the healthy zoo seeds' late spread (-264 to -174 with 13 of "
+                                "them; pendulum_zoo_s6 slipped to -290 too and is labelled healthy)",
     "pendulum_zoo_epochs_40": "found with the labelled cause, but also an entropy cliff (1.22 -> 0.53 within 3 "
                               "updates during the KL climb) that its label, written before, says is not there",
 }
 #: Of those, the ones a baseline does not find either.
-MISSED_EVEN_WITH_A_BASELINE: set[str] = set()
+MISSED_EVEN_WITH_A_BASELINE: set[str] = {"pendulum_zoo_lr_2e-3_s22", "pendulum_zoo_lr_3e-3_s21"}
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
 KNOWN_FALSE_ALARMS: dict[str, str] = {}
 #: Healthy runs that get a warning only with a baseline of the task's other healthy runs; strict, so a fix shows.
