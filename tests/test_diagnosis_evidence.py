@@ -244,3 +244,24 @@ def test_a_tiny_minibatch_is_a_cause_of_kl_spikes_only_when_the_run_has_one():
     usual = diagnose(curves, INFOS, params={"batch_size": 64, "learning_rate": 3e-4}, framework="stable-baselines3")
     assert usual.by_detector("kl_spike")
     assert all(c.key != "batch_size_small" for f in usual.by_detector("kl_spike") for c in f.causes)
+
+
+def test_a_learning_rate_twice_the_healthy_runs_is_named_beside_a_kl_above_its_high():
+    """pendulum_zoo_lr_2e-3 beside a zoo baseline (learning rate 1e-3): 2x is not far enough to count alone, but with
+    the KL climbing above its healthy high the run's own updates say the step is too large."""
+    from registry.analysis.diagnosis import build_baseline
+
+    n = 60
+    rng = np.random.default_rng(11)
+    ret = lambda: Curve(_steps(n), np.linspace(-1200, -200, n) + rng.normal(0, 10, n))  # noqa: E731
+    healthy = [{"episode_return_mean": ret(), "kl_old_mean": Curve(_steps(n), 0.03 * np.exp(rng.normal(0, .1, n)))}
+               for _ in range(3)]
+    base = build_baseline("Pendulum-v1", healthy, infos=INFOS, hyperparams={"learning_rate": [1e-3] * 3})
+    climbing = {"episode_return_mean": ret(), "kl_old_mean": Curve(_steps(n), np.geomspace(0.03, 0.4, n))}
+
+    def lr_named(lr: float, curves: dict) -> set:
+        d = diagnose(curves, INFOS, baseline=base, params={"learning_rate": lr}, framework="stable-baselines3")
+        return {f.cause for f in d.by_detector("kl_climb") if f.at_least("warning")}
+
+    assert lr_named(2e-3, climbing) == {"learning_rate_high"}
+    assert lr_named(1.2e-3, climbing) == {None}         # within the healthy runs' spread of settings: no cause

@@ -142,7 +142,7 @@ def _ref(s: Setting) -> str:
 def lr_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
     found = _setting_off(hp, ctx, "learning_rate", above=True)
     if found is None:
-        return None
+        return _lr_above_with_kl_high(hp, ctx, kl, kl_level)
     s, r = found
     ev = [s.describe()]
     sup = 0.55 + _bonus(r)
@@ -153,6 +153,19 @@ def lr_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | Non
         sup -= 0.3
         ev.append(f"but KL to the old policy is small ({kl_level:.3g})")
     return Cause("learning_rate_high", f"learning rate too high: {s.describe()}", sup, ev,
+                 f"lower learning_rate towards {_ref(s)}")
+
+
+def _lr_above_with_kl_high(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float | None) -> Cause | None:
+    """A learning rate above its reference by at least ``cause_corroborated_factor`` (not far enough to
+    count alone) when the KL to the old policy is above its healthy high at the finding: the setting
+    and the run's own updates point the same way."""
+    s = hp.get("learning_rate")
+    r = s.ratio() if s is not None else None
+    if kl != "high" or r is None or r < ctx.s.cause_corroborated_factor:
+        return None
+    return Cause("learning_rate_high", f"learning rate too high for this run's updates: {s.describe()}", 0.55,
+                 [s.describe(), f"KL to the old policy {kl_level:.3g} is above its healthy high"],
                  f"lower learning_rate towards {_ref(s)}")
 
 

@@ -334,6 +334,10 @@ class DiagnosisSettings:
     #: A setting counts as far from its reference (the task's healthy runs, else the
     #: framework default) at this factor above or below it.
     cause_setting_factor: float = 3.0
+    #: A learning rate above its reference by less than that, but by at least this factor, is named
+    #: only beside a KL above its healthy high: the run's own updates then show the step is too large
+    #: (a zoo Pendulum run at 2x the healthy runs' 1e-3 whose KL climbs to 0.3).
+    cause_corroborated_factor: float = 1.5
     #: KL to the old policy below this fraction of its healthy high is "small".
     cause_kl_small_frac: float = 0.02
     #: Entropy "stayed" when its late level is at least this fraction of its early level ...
