@@ -44,6 +44,11 @@ KNOWN_MISSES = {
                         "healthy, which only a baseline can tell",
     "mountaincar_default_s5": "an entropy at 48% of its start by the label's last-10% median, above half by the "
                               "detector's wider end window: the narrowing is not found",
+    "pendulum_zoo_lr_1.5e-3_s23": "its KL jumps and clip fraction are found, not the return's fall from -224 to -399 "
+                                  "after them (back to -274 by the end)",
+    "pendulum_zoo_lr_2e-3_s24": "its KL and clip fraction are found, not the return's slide from -198 to -280..-295",
+    "pendulum_zoo_lr_2.5e-3_s25": "its KL and clip fraction are found, not the return's fall from -189 to -252 over the "
+                                  "last updates",
     "pendulum_zoo_lr_2e-3_s22": "its KL and clip fraction are found, not the return's fall from -183 to -293 over the "
                                 "last two updates, too short for a drop to persist",
     "pendulum_zoo_lr_3e-3_s21": "its KL and clip fraction are found, not the return's slide from -225 to -289 and -332 at "
@@ -53,9 +58,14 @@ KNOWN_MISSES = {
                               "updates during the KL climb) that its label, written before, says is not there",
 }
 #: Of those, the ones a baseline does not find either.
-MISSED_EVEN_WITH_A_BASELINE: set[str] = {"pendulum_zoo_lr_2e-3_s22", "pendulum_zoo_lr_3e-3_s21"}
+MISSED_EVEN_WITH_A_BASELINE: set[str] = {"pendulum_zoo_lr_2e-3_s22", "pendulum_zoo_lr_3e-3_s21",
+                                          "pendulum_zoo_lr_1.5e-3_s23", "pendulum_zoo_lr_2e-3_s24",
+                                          "pendulum_zoo_lr_2.5e-3_s25"}
 #: Healthy runs (by their curves) that get a warning all the same; strict, so a fix shows.
-KNOWN_FALSE_ALARMS: dict[str, str] = {}
+KNOWN_FALSE_ALARMS: dict[str, str] = {
+    "pendulum_zoo_s16": "a KL climbing 0.036 -> 0.09 over its last 7 updates (single values 0.10 and 0.13) and a clip "
+                        "fraction of 0.36-0.385 over its last three, while the return ends at -218 (best -181)",
+}
 #: Healthy runs that get a warning only with a baseline of the task's other healthy runs; strict, so a fix shows.
 FALSE_ALARMS_WITH_A_BASELINE: dict[str, str] = {
     "pendulum_zoo_s6": "its late return (-272) ends 1.1 band widths below the other zoo seeds' late band, and the "
