@@ -395,7 +395,8 @@ def definition_ranges(registry: Registry, definition: Mapping[str, Any]) -> list
     for task, profile in stored:
         if healthy_range_for(definition, task) != (None, None):
             continue                      # the dictionary's range wins for this task
-        r = resolve_range(name, None, BaselineProfile.from_dict(profile), DEFAULT_SETTINGS, definition.get("quantity"))
+        r = resolve_range(name, None, BaselineProfile.from_dict(profile), DEFAULT_SETTINGS,
+                          definition.get("quantity"))
         if r is not None and r["source"] != FALLBACK_SOURCE:
             rows.append({"scope": task, "low": r["low"], "high": r["high"], "source": r["source"],
                          "applies": f"runs of {task} (no dictionary range for it)"})
