@@ -342,6 +342,20 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "pendulum_zoo_lr_2e-3_s24": ("Pendulum-v1", 24, 100_000, {**PENDULUM_ZOO, "learning_rate": 2e-3}),
     "pendulum_zoo_lr_2.5e-3_s25": ("Pendulum-v1", 25, 100_000, {**PENDULUM_ZOO, "learning_rate": 2.5e-3}),
     "pendulum_zoo_s16": ("Pendulum-v1", 26, 100_000, PENDULUM_ZOO),
+    # A twenty-sixth held-out batch, placed before training, with no diagnosis change planned: settings the
+    # diagnosis does not read (discount, GAE lambda, gradient clipping, advantage normalisation, rollout length)
+    # far from SB3's defaults, one it reads (batch size) far below it, and fresh default seeds.
+    "cartpole_gamma_0.5_s42": ("CartPole-v1", 42, 60_000, {"gamma": 0.5}),
+    "acrobot_gamma_0.8_s47": ("Acrobot-v1", 47, 60_000, {"gamma": 0.8}),
+    "lunarlander_gamma_0.9_s34": ("LunarLander-v3", 34, 100_000, {"gamma": 0.9}),
+    "cartpole_gae_0_s43": ("CartPole-v1", 43, 60_000, {"gae_lambda": 0.0}),
+    "cartpole_maxgrad_0.01_s44": ("CartPole-v1", 44, 60_000, {"max_grad_norm": 0.01}),
+    "acrobot_maxgrad_0.01_s48": ("Acrobot-v1", 48, 60_000, {"max_grad_norm": 0.01}),
+    "cartpole_batch_8_s45": ("CartPole-v1", 45, 60_000, {"batch_size": 8}),
+    "acrobot_noadvnorm_s49": ("Acrobot-v1", 49, 60_000, {"normalize_advantage": False}),
+    "cartpole_nsteps_64_s46": ("CartPole-v1", 46, 60_000, {"n_steps": 64}),
+    "cartpole_default_s47": ("CartPole-v1", 47, 60_000, {}),
+    "acrobot_default_s50": ("Acrobot-v1", 50, 60_000, {}),
     # Pendulum-v1: SB3 defaults are known not to learn it this quickly.
     "pendulum_default_s1": ("Pendulum-v1", 1, 60_000, {}),
     # MountainCar-v0: sparse reward; PPO defaults never reach the flag in 60k steps.
