@@ -23,7 +23,8 @@ Printed separately for the tuning part, each held-out batch and all held-out run
   listed with their verdict, not scored;
 * cause accuracy: of the warning-or-above findings that detect a labelled problem (or a
   listed consequence), the share whose *named* cause (best-supported, support >= 0.5) is
-  the label's cause; findings with no named cause count as wrong;
+  the label's cause; findings with no named cause count as wrong, and the rest are split into
+  those that named no cause and those that named a wrong one;
 * precision and cause accuracy with a baseline, counted the same way over the findings of the
   diagnosis with a baseline (a deviation from the healthy runs counts as a consequence of any
   labelled problem, so only its cause is scored).
@@ -147,6 +148,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
                 if f.cause == lab["cause"]:
                     st["cause_right"] += 1
                 else:
+                    st["cause_unnamed"] += f.cause is None
                     st["wrong_causes"].append(f"{name}: {f.detector} named {f.cause!r}, label {lab['cause']!r}")
             else:
                 st["fp_findings"] += 1
@@ -167,6 +169,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
                     if f.cause == lab["cause"]:
                         st["cause_right_baseline"] += 1
                     else:
+                        st["cause_unnamed_baseline"] += f.cause is None
                         st["wrong_causes"].append(f"{name} (with baseline): {f.detector} {f.metric} named "
                                                   f"{f.cause!r}, label {lab['cause']!r}")
                 else:
@@ -189,6 +192,17 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f} ({a:.0f}/{b:.0f})" if b else "n/a (0/0)"
 
 
+def _unnamed(st: dict, suffix: str) -> str:
+    """Of the findings whose cause was not the label's, how many named none (the diagnosis saying it
+    cannot tell) rather than a wrong one."""
+    total = st[f"tp{suffix}"] if suffix else st["cause_total"]
+    wrong = total - st[f"cause_right{suffix}"]
+    if not wrong:
+        return ""
+    unnamed = st[f"cause_unnamed{suffix}"]
+    return f"; of the rest, {unnamed:.0f} named no cause and {wrong - unnamed:.0f} a wrong one"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=RUNS)
@@ -208,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(runs whose environment has healthy runs to learn from)")
         print(f"  false alarms on healthy runs: without baseline {_ratio(st['healthy_alarm'], st['healthy_runs'])}, "
               f"with baseline {_ratio(st['healthy_alarm_baseline'], st['healthy_with_baseline'])}")
-        print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}")
+        print(f"  named cause right    {_ratio(st['cause_right'], st['cause_total'])}{_unnamed(st, '')}")
         print(f"  with baseline: precision {_ratio(st['tp_baseline'], st['tp_baseline'] + st['fp_findings_baseline'])}, "
-              f"named cause right {_ratio(st['cause_right_baseline'], st['tp_baseline'])}")
+              f"named cause right {_ratio(st['cause_right_baseline'], st['tp_baseline'])}"
+              f"{_unnamed(st, '_baseline')}")
         print(f"    {'run':<24} {'label':<8} {'labelled cause':<20} {'verdict':<9} warning findings -> named cause")
         for row in st["rows"]:
             print(f"    {row}")

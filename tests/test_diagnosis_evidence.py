@@ -17,6 +17,15 @@ def _steps(n: int) -> np.ndarray:
     return np.arange(1, n + 1) * 10
 
 
+def _kl_spikes_beside_a_rising_return(seed: int, n: int = 100) -> dict[str, Curve]:
+    """Three isolated KL spikes (0.18-0.25 on a level of 0.008) while the return rises steadily."""
+    rng = np.random.default_rng(seed)
+    kl = np.abs(0.008 + rng.normal(0, .001, n))
+    kl[[30, 55, 80]] = [0.2, 0.25, 0.18]
+    return {"kl_old_mean": Curve(_steps(n), kl),
+            "episode_return_mean": Curve(_steps(n), np.linspace(20, 400, n) + rng.normal(0, 5, n))}
+
+
 # --- settings read from the run ------------------------------------------------------------
 def test_settings_are_read_under_each_frameworks_own_keys_and_compared_with_its_defaults():
     sb3 = read_settings({"clip_range": 0.02, "learning_rate": 3e-4, "n_epochs": 10.0}, "stable-baselines3")
@@ -33,6 +42,47 @@ def test_settings_are_read_under_each_frameworks_own_keys_and_compared_with_its_
     # A logged schedule stands in for a missing hyperparameter.
     logged = read_settings({}, "stable-baselines3", {"clip_range": Curve(_steps(5), np.full(5, 0.05))})
     assert logged.value("clip_range") == 0.05 and logged.get("clip_range").source == "logged series 'clip_range'"
+
+
+
+def test_discount_and_gae_lambda_are_compared_by_the_horizon_they_set():
+    sb3 = read_settings({"gamma": 0.5, "gae_lambda": 0.0, "n_steps": 64}, "stable-baselines3")
+    assert sb3.get("gamma").describe() == ("gamma = 0.5 (a horizon of 2 steps), a horizon 50x shorter than the SB3 "
+                                           "default 0.99's (100 steps)")
+    assert sb3.get("gamma").off(3) and sb3.get("gamma").cause_key == "gamma_low"
+    assert sb3.get("gae_lambda").off(3) and sb3.get("gae_lambda").cause_key == "gae_lambda_low"
+    assert sb3.get("n_steps").describe() == "n_steps = 64, 32x below the SB3 default 2048"
+    assert sb3.get("n_steps").cause_key == "n_steps_small"
+    longer = read_settings({"gamma": 0.999}, "stable-baselines3").get("gamma")
+    assert "a horizon 10x longer than" in longer.describe() and longer.cause_key == "gamma_high"
+    # Twice the value's distance from 1 is only 2x the horizon: not far; nor is the healthy runs' own discount.
+    assert not read_settings({"gamma": 0.98}, "stable-baselines3").get("gamma").off(3)
+    zoo = read_settings({"gamma": 0.9}, "stable-baselines3", healthy_params={"gamma": [0.9, 0.9, 0.9]}).get("gamma")
+    assert zoo.off(3) is False and zoo.describe().endswith("as the median of 3 healthy run(s) of this task 0.9")
+    clean = read_settings({"gamma": 0.99, "gae-lambda": 0.95, "num-steps": 16}, "cleanrl")
+    assert clean.value("gae_lambda") == 0.95 and clean.get("n_steps").describe() == (
+        "num-steps = 16, 8x below the CleanRL default 128")
+    # Without a framework "gamma" may be a learning-rate scheduler's: not read.
+    assert read_settings({"scheduler.gamma": 0.5}).get("gamma") is None
+
+
+def test_a_setting_is_named_by_elimination_only_when_it_is_the_one_far_from_its_reference():
+    """cartpole_gae_0_s43: KL spikes and clipping with every setting the diagnosis reads at SB3's defaults but
+    gae_lambda = 0; no rule ties a spike to the GAE lambda, but it is the one setting that differs."""
+    curves = _kl_spikes_beside_a_rising_return(seed=5)
+
+    def spike_causes(params: dict) -> list:
+        d = diagnose(curves, INFOS, params={"learning_rate": 3e-4, **params}, framework="stable-baselines3")
+        return [f.causes[0] if f.causes else None for f in d.by_detector("kl_spike") if f.at_least("warning")]
+
+    alone = spike_causes({"gae_lambda": 0.0})
+    assert alone and all(c.key == "gae_lambda_low" and c.support == 0.5 for c in alone)
+    assert alone[0].text.startswith("the only setting read from this run that is far from its reference: gae_lambda")
+    assert alone[0].action == "raise gae_lambda towards 0.95 and compare"
+    # A rule that reads the run's updates wins over elimination; two settings off leave the cause open.
+    assert {c.key for c in spike_causes({"gae_lambda": 0.0, "learning_rate": 3e-3})} == {"learning_rate_high"}
+    two = spike_causes({"gae_lambda": 0.0, "n_steps": 64})
+    assert two and all(c is None or c.support < 0.5 for c in two)
 
 
 # --- uninformative by construction ---------------------------------------------------------
@@ -231,12 +281,7 @@ def test_one_response_per_prompt_explains_advantages_that_are_all_zero():
 
 
 def test_a_tiny_minibatch_is_a_cause_of_kl_spikes_only_when_the_run_has_one():
-    n = 100
-    rng = np.random.default_rng(7)
-    kl = np.abs(0.008 + rng.normal(0, .001, n))
-    kl[[30, 55, 80]] = [0.2, 0.25, 0.18]
-    curves = {"kl_old_mean": Curve(_steps(n), kl),
-              "episode_return_mean": Curve(_steps(n), np.linspace(20, 400, n) + rng.normal(0, 5, n))}
+    curves = _kl_spikes_beside_a_rising_return(seed=7)
     small = diagnose(curves, INFOS, params={"batch_size": 8, "learning_rate": 3e-4}, framework="stable-baselines3")
     spikes = small.by_detector("kl_spike")
     assert spikes and spikes[0].cause == "batch_size_small"

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
-from registry.analysis.diagnosis.hyperparams import DEFAULT_SOURCES, FRAMEWORK_DEFAULTS, RunSettings, Setting
+from registry.analysis.diagnosis.hyperparams import DEFAULT_SOURCES, FRAMEWORK_DEFAULTS, RunSettings, Setting, horizon
 from registry.analysis.diagnosis.types import Finding
 
 #: Support at or above which a cause is named as *the* cause and drives the action.
@@ -411,6 +411,33 @@ def batch_small(hp: RunSettings, ctx: Context, kl: str | None, kl_level: float |
                  f"raise {s.name} (towards {_ref(s)}) or lower the learning rate with it")
 
 
+def gamma_short(hp: RunSettings, ctx: Context, *_: Any) -> Cause | None:
+    """A discount whose horizon is far shorter than its reference's: the returns the critic learns and
+    the advantages count only the next few rewards, so what pays off later is not learned."""
+    found = _setting_off(hp, ctx, "gamma", above=False)
+    if found is None:
+        return None
+    s, r = found
+    return Cause("gamma_low", f"discount too short: {s.describe()}; the advantages count about the next "
+                 f"{horizon(s.value):.3g} step(s) of reward, so what pays off later is not learned",
+                 0.55 + _bonus(r), [s.describe()], f"raise gamma towards {_ref(s)}")
+
+
+def only_setting_off(hp: RunSettings, ctx: Context) -> Cause | None:
+    """The one setting read from the run that is far from its reference, when no rule tied the finding
+    to a cause: named by elimination, at the naming bar and no higher (the run says only that nothing
+    else it records differs). None when no setting, or more than one, is far off."""
+    off = [s for s in hp.settings.values() if s.off(ctx.s.cause_setting_factor)]
+    if len(off) != 1:
+        return None
+    s = off[0]
+    rest = [t.describe() for t in hp.settings.values() if t is not s]
+    up = (s.ratio() or 0) > 1 if s.ratio() is not None else s.value > (s.reference or 0)
+    return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
+                 NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else []),
+                 f"{'lower' if up else 'raise'} {s.name} towards {_ref(s)} and compare")
+
+
 #: Where a TRL run's setting is read when its configuration was not recorded (a trainer_state.json
 #: alone). TRL 1.16.0: GRPOConfig.num_iterations defaults to 1 and steps_per_generation to
 #: gradient_accumulation_steps (trl/trainer/grpo_config.py); GRPOTrainer then keeps no old log-probs
@@ -512,17 +539,18 @@ def rank_causes(ctx: Context, f: Finding) -> None:
             specific += [critic_not_fitting(ctx, f.start, f.end, kl, kl_level),
                          vf_coef_small(hp, ctx, f.start, f.end), sparse_reward(ctx)]
     elif d in ("reward_drop", "reward_zero"):
-        specific = [lr_high(*args), epochs_high(*args), ent_negative(*args), clip_large(*args)]
+        specific = [lr_high(*args), epochs_high(*args), ent_negative(*args), clip_large(*args), gamma_short(*args)]
     elif d == "clip_low":
         specific = [lr_low(*args), clip_small_stalls(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args)]
     elif d == "reward_slow":
-        specific = [lr_low(*args), clip_small(*args), ent_large(hp, ctx, f.start, f.end)]
+        specific = [lr_low(*args), clip_small(*args), ent_large(hp, ctx, f.start, f.end), gamma_short(*args)]
     elif d == "reward_flat":
         specific = [lr_low(*args), ent_large(hp, ctx, f.start, f.end), ent_negative(*args), clip_small(*args),
                     epochs_high(*args), lr_high(*args)]
         specific.append(critic_not_fitting(ctx, f.start, f.end, kl, kl_level))
         specific.append(vf_coef_small(hp, ctx, f.start, f.end))
         specific.append(sparse_reward(ctx))
+        specific.append(gamma_short(*args))
     elif d == "truncation":
         mx = hp.get("max_response_length")
         if mx is not None:
@@ -540,6 +568,8 @@ def rank_causes(ctx: Context, f: Finding) -> None:
     if d in AFTER_COLLAPSE:
         found += _after_collapse(ctx, f)
     generic = _drop_contradicted(_generic(f), found, kl)
+    if not any(c.support >= NAMED_SUPPORT for c in found):
+        found += [c for c in [only_setting_off(hp, ctx)] if c is not None]
     if d == "reward_flat" and not any(c.support >= NAMED_SUPPORT for c in found) and hp.settings:
         read = ", ".join(s.describe() for s in hp.settings.values())
         found.append(Cause("task_hyperparameters",

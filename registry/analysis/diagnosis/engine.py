@@ -180,7 +180,7 @@ def check_baseline(ctx: Context, profile: BaselineProfile) -> list[Finding]:
                 else "no hyper-parameter read from this run differs from the healthy runs' by "
                      f"{st.cause_setting_factor:g}x or more: compare the curves",
                 detected_at=end, layer="comparison")
-            f.causes = [Cause(_setting_cause_key(s), s.describe(), 0.5, [s.describe()],
+            f.causes = [Cause(s.cause_key, s.describe(), 0.5, [s.describe()],
                               f"align {s.name} with the healthy runs ({s.healthy:g})") for s in differing]
             if never_changed is not None:
                 f.causes.insert(0, never_changed)
@@ -232,24 +232,9 @@ def _late_reward_widths(ctx: Context, profile: BaselineProfile) -> float:
 
 
 def _differs(s: Any, factor: float) -> bool:
-    """Does a setting differ from the healthy runs' (by ``factor``, or in sign / from zero)?"""
-    if s.healthy is None:
-        return False
-    if s.healthy == 0 or s.value == 0:
-        return s.value != s.healthy
+    """Does a setting differ from the healthy runs' (by ``factor``, in sign, or from zero)?"""
     # With healthy runs known, the setting's reference is their value.
-    return s.value / s.healthy < 0 or s.far(factor) is not None
-
-
-def _setting_cause_key(s: Any) -> str:
-    """The cause key a differing setting stands for (``clip_range_small``, ``ent_coef_negative``...)."""
-    if s.knob == "ent_coef":
-        return "ent_coef_negative" if s.value < 0 else "ent_coef_large"
-    up = s.value > (s.healthy or 0)
-    # The keys the cause rules use (causes.py): rates and epochs are high or low, sizes and weights
-    # large or small, so a deviation and a detector name one cause the same way.
-    high_low = s.knob in ("learning_rate", "n_epochs")
-    return f"{s.knob}_{'high' if up else 'low'}" if high_low else f"{s.knob}_{'large' if up else 'small'}"
+    return s.healthy is not None and s.off(factor)
 
 
 # ---------------------------------------------------------------------------------------

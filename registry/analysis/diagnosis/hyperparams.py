@@ -22,7 +22,15 @@ Settings are *knobs* with a canonical name:
                        actor.ppo_mini_batch_size)
 ``vf_coef``            weight of the value loss in a loss shared with the policy
                        (SB3 and CleanRL; verl and TRL train no critic in that loss)
+``gamma``              discount factor (SB3 and CleanRL)
+``gae_lambda``         GAE lambda (SB3 and CleanRL)
+``n_steps``            rollout length per environment before each update (SB3
+                       n_steps, CleanRL num_steps)
 =====================  ==========================================================
+
+``gamma`` and ``gae_lambda`` are compared by the horizon they set, ``1 / (1 - x)`` steps: 0.5
+against 0.99 is a horizon of 2 steps against 100 (50x shorter), where their plain ratio (2x)
+would hide it; 0.999 against 0.99 is 10x longer.
 """
 from __future__ import annotations
 
@@ -35,18 +43,24 @@ import numpy as np
 from registry.analysis.diagnosis.types import Curve
 
 KNOBS = ("learning_rate", "clip_range", "ent_coef", "n_epochs", "kl_coef", "group_size",
-         "max_response_length", "target_kl", "batch_size", "vf_coef")
+         "max_response_length", "target_kl", "batch_size", "vf_coef", "gamma", "gae_lambda", "n_steps")
+#: Knobs compared by the horizon they set, 1 / (1 - x) steps, not by their value.
+HORIZON_KNOBS = frozenset({"gamma", "gae_lambda"})
+#: Knobs whose cause keys read high/low (rates, epochs, horizons); the others read large/small.
+HIGH_LOW_KNOBS = frozenset({"learning_rate", "n_epochs", "gamma", "gae_lambda"})
 
 #: Each framework's key(s) for each knob, in its own configuration (flattened, dotted).
 FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     # stable_baselines3/ppo/ppo.py, PPO.__init__ arguments (stable-baselines3 2.9.2).
     "stable-baselines3": {"learning_rate": ("learning_rate",), "clip_range": ("clip_range",),
                           "ent_coef": ("ent_coef",), "n_epochs": ("n_epochs",), "target_kl": ("target_kl",),
-                          "batch_size": ("batch_size",), "vf_coef": ("vf_coef",)},
+                          "batch_size": ("batch_size",), "vf_coef": ("vf_coef",), "gamma": ("gamma",),
+                          "gae_lambda": ("gae_lambda",), "n_steps": ("n_steps",)},
     # cleanrl/ppo.py argparse flags (vwxyzjn/cleanrl, commit 020cf0e5).
     "cleanrl": {"learning_rate": ("learning_rate", "learning-rate"), "clip_range": ("clip_coef", "clip-coef"),
                 "ent_coef": ("ent_coef", "ent-coef"), "n_epochs": ("update_epochs", "update-epochs"),
-                "target_kl": ("target_kl", "target-kl"), "vf_coef": ("vf_coef", "vf-coef")},
+                "target_kl": ("target_kl", "target-kl"), "vf_coef": ("vf_coef", "vf-coef"), "gamma": ("gamma",),
+                "gae_lambda": ("gae_lambda", "gae-lambda"), "n_steps": ("num_steps", "num-steps")},
     # trl/trainer/grpo_config.py, GRPOConfig fields (huggingface/trl, commit 006d32c9).
     "trl": {"learning_rate": ("learning_rate",), "clip_range": ("epsilon",), "kl_coef": ("beta",),
             "n_epochs": ("num_iterations",), "group_size": ("num_generations",),
@@ -65,8 +79,9 @@ FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 #: Each framework's default per knob, and where it was read.
 FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
     "stable-baselines3": {"learning_rate": 3e-4, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 10, "batch_size": 64,
-                          "vf_coef": 0.5},
-    "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4, "vf_coef": 0.5},
+                          "vf_coef": 0.5, "gamma": 0.99, "gae_lambda": 0.95, "n_steps": 2048},
+    "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4, "vf_coef": 0.5,
+                "gamma": 0.99, "gae_lambda": 0.95, "n_steps": 128},
     "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 256},
     # rollout.n defaults to 1 ("> 1 for grpo"): no group size to compare a GRPO run with.
     "verl": {"learning_rate": 1e-6, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 1, "kl_coef": 0.001,
@@ -93,8 +108,12 @@ GENERIC_KEYS: dict[str, tuple[str, ...]] = {
     "max_response_length": ("max_completion_length", "max_response_length", "generate_max_len"),
     "target_kl": ("target_kl",),
     "vf_coef": ("vf_coef",),
-    # Ambiguous across frameworks (a rollout, a minibatch, a per-device size): only under a known framework.
+    "gae_lambda": ("gae_lambda",),
+    # Ambiguous across frameworks (a rollout, a minibatch, a per-device size; a learning-rate scheduler's
+    # gamma): only under a known framework.
     "batch_size": (),
+    "gamma": (),
+    "n_steps": (),
 }
 
 #: Slack on log(factor) when a ratio is compared with a factor: the float error of a ratio of two
@@ -126,11 +145,38 @@ class Setting:
         return self.key.rsplit(".", 1)[-1] if self.key else self.knob
 
     def ratio(self) -> float | None:
-        """value / reference (healthy runs' median first, else the framework default); None if either is 0."""
+        """value / reference (healthy runs' median first, else the framework default); None if either is 0.
+        For a horizon knob, the ratio of the horizons they set (None when either is unbounded)."""
         ref = self.reference
+        if self.knob in HORIZON_KNOBS:
+            h, hr = horizon(self.value), (None if ref is None else horizon(ref))
+            return None if h is None or hr is None else h / hr
         if ref is None or ref == 0 or self.value == 0:
             return None
         return self.value / ref
+
+    def off(self, factor: float) -> bool:
+        """Is the setting far from its reference: ``factor`` times above or below it, of the opposite sign,
+        or zero where the reference is not (or the reverse)?"""
+        ref = self.reference
+        if ref is None:
+            return False
+        if self.knob not in HORIZON_KNOBS and (ref == 0 or self.value == 0):
+            return self.value != ref
+        r = self.ratio()
+        return r is not None and (r < 0 or self.far(factor) is not None)
+
+    @property
+    def cause_key(self) -> str:
+        """The cause key the setting stands for when it is off its reference (``clip_range_small``,
+        ``ent_coef_negative``, ``gamma_low``): the keys the cause rules use."""
+        if self.knob == "ent_coef":
+            return "ent_coef_negative" if self.value < 0 else "ent_coef_large"
+        r = self.ratio()
+        up = r > 1 if r is not None else self.value > (self.reference or 0)
+        if self.knob in HIGH_LOW_KNOBS:
+            return f"{self.knob}_{'high' if up else 'low'}"
+        return f"{self.knob}_{'large' if up else 'small'}"
 
     def far(self, factor: float) -> float | None:
         """The ratio to the reference when it is at least ``factor`` above or below it, else None.
@@ -148,13 +194,17 @@ class Setting:
         return self.healthy if self.healthy is not None else self.default
 
     def describe(self) -> str:
-        """``clip_range = 0.02, 10x below the SB3 default 0.2``."""
+        """``clip_range = 0.02, 10x below the SB3 default 0.2``; ``gamma = 0.5 (a horizon of 2 steps), a
+        horizon 50x shorter than the SB3 default 0.99's (100 steps)``."""
+        compare = _compare_horizon if self.knob in HORIZON_KNOBS else _compare
         text = f"{self.name} = {_fmt(self.value)}"
+        if self.knob in HORIZON_KNOBS:
+            text += f" ({_horizon_words(self.value)})"
         parts = []
         if self.default is not None:
-            parts.append(_compare(self.value, self.default, f"the {FRAMEWORK_LABELS.get(self.framework or '', self.framework or '')} default"))
+            parts.append(compare(self.value, self.default, f"the {FRAMEWORK_LABELS.get(self.framework or '', self.framework or '')} default"))
         if self.healthy is not None and (self.default is None or not math.isclose(self.healthy, self.default)):
-            parts.append(_compare(self.value, self.healthy, f"the median of {self.healthy_n} healthy run(s) of this task"))
+            parts.append(compare(self.value, self.healthy, f"the median of {self.healthy_n} healthy run(s) of this task"))
         return text + (f", {'; '.join(parts)}" if parts else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +232,29 @@ def _compare(value: float, ref: float, what: str) -> str:
     if r > 1:
         return f"{_times(r)} {what} {_fmt(ref)}"
     return f"{_times(1 / r)} below {what} {_fmt(ref)}"
+
+
+def horizon(x: float) -> float | None:
+    """The number of steps a discount (or GAE lambda) ``x`` looks ahead, ``1 / (1 - x)``; None when
+    unbounded (``x >= 1``) or meaningless (``x < 0``)."""
+    return 1.0 / (1.0 - x) if 0 <= x < 1 else None
+
+
+def _horizon_words(x: float) -> str:
+    h = horizon(x)
+    return "an unbounded horizon" if h is None else f"a horizon of {h:.3g} step{'s' if h != 1 else ''}"
+
+
+def _compare_horizon(value: float, ref: float, what: str) -> str:
+    h, hr = horizon(value), horizon(ref)
+    if h is None or hr is None:
+        return _compare(value, ref, what)
+    r = h / hr
+    if 0.8 <= r <= 1.25:
+        return f"as {what} {_fmt(ref)}"
+    ref_words = f"{what} {_fmt(ref)}'s ({hr:.3g} steps)"
+    return f"a horizon {_times(r)} longer than {ref_words}" if r > 1 else \
+        f"a horizon {_times(1 / r)} shorter than {ref_words}"
 
 
 def _times(r: float) -> str:

@@ -283,7 +283,10 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
 
 def detect_reward_flat(ctx: Context) -> list[Finding]:
     name = ctx.first("reward")
-    if name is None or ctx.overlapping("reward_drop", -2**62, 2**62) or ctx.overlapping("reward_zero", -2**62, 2**62):
+    # A drop or a stuck reward speaks for the reward; an episode mean merely not re-measured for a few
+    # updates (reward_zero as information) says nothing about whether the run learned.
+    if name is None or any(f.at_least("warning") for d in ("reward_drop", "reward_zero")
+                           for f in ctx.overlapping(d, -2**62, 2**62)):
         return []
     sr = ctx.series(name)
     n = sr.n
