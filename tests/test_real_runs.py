@@ -31,6 +31,45 @@ def test_cleanrl_vectorised_envs_keep_every_episode(registry: Registry):
     assert per_step.counts.sum() == len(steps) and per_step.counts.max() >= 2
 
 
+def test_cleanrl_per_episode_returns_are_judged_through_the_windowed_mean_sb3_would_log(registry: Registry):
+    """CleanRL logs one return per finished episode and no windowed mean: the diagnosis derives the mean of
+    the last 100 episodes at each update, says so, judges the objective by it and draws its findings on the
+    per-episode series the run has."""
+    from registry.analysis.health import diagnose_run, summarize_diagnosis
+
+    run_id = registry.register(CLEANRL_RUN).run_id
+    d = diagnose_run(registry, run_id, use_baseline=False)
+    assert "reward (drop, flat, zero)" in d.checked
+    assert d.derived["episode_return_mean"]["from"] == "episode_return"
+    assert "the mean of the last 100 episodes at each update" in d.summary()
+    episodes = registry.read_series(run_id, "charts/episodic_return")
+    updates = registry.read_series(run_id, "losses/clipfrac")
+    # At the last update the derived value is the mean of the last 100 episodes logged by then.
+    last = updates.steps[-1]
+    done = episodes.values[episodes.steps <= last]
+    reward_findings = [f for f in d.findings if f.metric == "episode_return_mean"]
+    assert reward_findings, d.summary()
+    assert "episode_return_mean" not in summarize_diagnosis(d)["spans"]
+    spans = summarize_diagnosis(d)["spans"].get("episode_return", [])
+    assert len(spans) == len([f for f in reward_findings if f.at_least("warning")])
+    from registry.analysis.diagnosis.episodes import windowed_mean
+    from registry.analysis.diagnosis import Curve
+    derived = windowed_mean(Curve(episodes.steps, episodes.values), np.asarray(updates.steps))
+    assert derived.values[-1] == pytest.approx(float(np.mean(done[-100:])))
+
+
+def test_a_run_without_a_reward_curve_is_not_called_healthy(registry: Registry, tmp_path: Path):
+    csv = tmp_path / "losses_only.csv"
+    csv.write_text("step,train/approx_kl,train/clip_fraction\n" + "".join(
+        f"{1024 * i},0.005,0.03\n" for i in range(1, 41)))
+    run_id = registry.register(csv, framework="stable-baselines3", task="CartPole-v1").run_id
+    from registry.analysis.health import diagnose_run
+
+    d = diagnose_run(registry, run_id)
+    assert not d.healthy and d.verdict == "not enough data"
+    assert d.summary().startswith("not enough data to judge this run: the objective: no reward or return curve")
+
+
 @pytest.mark.parametrize("path", [
     "beta0.04/runs/Dec04_14-39-08_vm", "num_iterations2/runs/Dec04_14-38-05_vm",
     "beta0.04/trainer_state_after_train.json", "num_iterations2/trainer_state_after_train.json",

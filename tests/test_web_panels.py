@@ -591,3 +591,24 @@ def test_a_failing_diagnosis_never_takes_the_dashboard_or_its_plots_down(fresh, 
     assert "the diagnosis of this run failed: detector bug" in section(text(page), "diagnosis-panel")
     plot = c.get(f"/plots/run/{run}?key=train/approx_kl")
     assert plot.status_code == 200 and strip_pixels(plot.data) == 0
+
+
+def test_a_cleanrl_dashboard_says_its_return_was_judged_through_a_windowed_mean(tmp_path):
+    """The real CleanRL run logs one return per episode: the panel says the windowed mean was derived, and its
+    reward finding links to (and shades) the per-episode plot the run has."""
+    real = Path(__file__).parent / "data" / "real" / "cleanrl_ppo_cartpole" / "runs" / "CartPole-v1__ppo__1__1796394563"
+    reg = open_registry(f"sqlite:///{tmp_path / 'cleanrl.db'}")
+    try:
+        run_id = reg.register(real).run_id
+        app = make_app(reg)
+        page = text(app.test_client().get(f"/runs/{run_id}"))
+        panel = section(page, "diagnosis-panel")
+        derived = html.unescape(panel[panel.index('id="diagnosis-derived"'):])
+        assert "episode_return_mean derived from episode_return (one value per finished episode)" in derived
+        with app.test_request_context():
+            item = panels.diagnosis_panel(reg, reg.run_detail(run_id))
+        reward = [i for i in item["triage_items"] if i["metric"] == "episode_return_mean"]
+        assert reward and all(i["has_plot"] and i["anchor"] == panels.metric_anchor("episode_return") for i in reward)
+        assert "episode_return" in item["spans"] and "episode_return_mean" not in item["spans"]
+    finally:
+        reg.close()

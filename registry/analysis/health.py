@@ -45,7 +45,7 @@ from registry.dictionary.definitions import dictionary_stamp, healthy_range_for
 log = logging.getLogger(__name__)
 
 #: Bump when detectors or their settings change: every stored row becomes stale.
-DIAGNOSIS_VERSION = 21
+DIAGNOSIS_VERSION = 22
 #: Severities drawn on the plots and counted as problems.
 PROBLEM_SEVERITIES = ("warning", "critical")
 #: How long a web request waits for the write lock to store findings (then it skips storing).
@@ -157,7 +157,9 @@ def summarize_diagnosis(diag: Diagnosis) -> dict[str, Any]:
     spans: dict[str, list[list[Any]]] = {}
     for f in diag.findings:
         if f.severity in PROBLEM_SEVERITIES:
-            spans.setdefault(f.metric, []).append([int(f.start), int(f.end), f.severity, f.detector])
+            # A finding on a derived curve is drawn on the series it was derived from (the one the run has).
+            metric = diag.derived.get(f.metric, {}).get("from", f.metric)
+            spans.setdefault(metric, []).append([int(f.start), int(f.end), f.severity, f.detector])
     return {
         "text": diag.summary(),
         "healthy": diag.healthy,

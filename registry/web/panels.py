@@ -94,13 +94,16 @@ def _action(f: Mapping[str, Any]) -> str:
 
 
 def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | None = None,
-                  reading: str | None = None) -> dict[str, Any]:
+                  reading: str | None = None, derived: Mapping[str, Mapping[str, str]] | None = None
+                  ) -> dict[str, Any]:
     metric = f["metric"]
+    # A finding on a curve the diagnosis derived links to the plot of the series it was derived from.
+    plot = (derived or {}).get(metric, {}).get("from", metric)
     return {
         "order": order, "id": f["id"], "layer": f["layer"], "layer_label": LAYER_LABELS.get(f["layer"], f["layer"]),
         "severity": f["severity"], "detector": f["detector"], "label": _label(f["detector"]),
-        "metric": metric, "metric_title": titles.get(metric, metric), "anchor": metric_anchor(metric),
-        "has_plot": metric in titles, "span": _steps(f["start"], f["end"]), "start": f["start"], "end": f["end"],
+        "metric": metric, "metric_title": titles.get(metric, metric), "anchor": metric_anchor(plot),
+        "has_plot": plot in titles, "span": _steps(f["start"], f["end"]), "start": f["start"], "end": f["end"],
         "title": f["title"], "causes": list(f.get("likely_causes") or []), "check": list(f.get("check_next") or []),
         "action": _action(f), "rollback_step": f.get("rollback_step"),
         "detected_at": f.get("detected_at"), "reading": reading, "summary": f.get("summary"),
@@ -121,6 +124,7 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
                 "api_url": url_for("api.run_diagnosis", ref=run["id"])}
     d = found.diagnosis or {}
     titles = _titles(run)
+    derived = d.get("derived") or {}
     by_id = {f["id"]: f for f in d.get("findings") or []}
     joint = d.get("joint_readings") or []
     reading_of = {fid: j["title"] for j in joint for fid in j.get("finding_ids") or []}
@@ -133,11 +137,11 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
             continue
         for fid in step.get("finding_ids") or []:
             if fid in by_id:
-                items.append(_finding_item(by_id[fid], titles, step["order"], reading_of.get(fid)))
+                items.append(_finding_item(by_id[fid], titles, step["order"], reading_of.get(fid), derived))
     if rollback is not None and rollback["step"] is not None:
         uri = next((c["uri"] for c in run.get("checkpoints") or [] if c["step"] == rollback["step"]), None)
         rollback["uri"] = uri
-    info = [_finding_item(f, titles) for f in d.get("findings") or [] if f["severity"] == "info"]
+    info = [_finding_item(f, titles, derived=derived) for f in d.get("findings") or [] if f["severity"] == "info"]
     readings = []
     for j in joint:
         members = [by_id[fid] for fid in j.get("finding_ids") or [] if fid in by_id]
@@ -164,6 +168,7 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         "summary": d.get("summary") or "", "healthy": bool(d.get("healthy", True)), "worst": worst,
         "verdict": d.get("verdict") or ("problems" if found.n_problems else "healthy"),
         "not_judged": list(d.get("not_judged") or []), "checked": list(d.get("checked") or []),
+        "derived": [v["text"] for v in derived.values()],
         "baseline_note": d.get("baseline_note"),
         "ranges_used": [{"metric": k, **v} for k, v in sorted((d.get("ranges_used") or {}).items())],
         "n_problems": found.n_problems, "n_warning": found.n_warning, "n_critical": found.n_critical,

@@ -18,6 +18,7 @@ from registry.analysis.diagnosis.causes import (
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors import DETECTORS
 from registry.analysis.diagnosis.detectors.excursions import settle_brief_excursions
+from registry.analysis.diagnosis.episodes import with_windowed_episode_means
 from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
 from registry.analysis.diagnosis.types import (
@@ -58,6 +59,7 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
     baseline's healthy runs.
     """
     st = settings or DEFAULT_SETTINGS
+    curves, derived = with_windowed_episode_means(curves)
     healthy_params = baseline.hyperparams if baseline is not None else None
     hp = read_settings(params, framework, curves, healthy_params)
     ctx = Context(curves, metrics, st, checkpoints, baseline, hp)
@@ -84,7 +86,8 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
                      baseline_task=baseline.task if baseline is not None else None,
                      not_judged=not_judged, checked=checked, settings=hp.to_dict(),
                      baseline_note=baseline_strength(baseline) if baseline is not None else None,
-                     ranges_used=dict(ctx.ranges_used), ranges=_ranges_shown(ctx), run_kind=ctx.run_kind)
+                     ranges_used=dict(ctx.ranges_used), ranges=_ranges_shown(ctx), run_kind=ctx.run_kind,
+                     derived=derived)
 
 
 def _ranges_shown(ctx: Context) -> dict[str, dict[str, Any]]:
@@ -110,6 +113,11 @@ def _coverage(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
         else:
             checked.append(label)
     reward = ctx.first("reward")
+    if reward is None:
+        # Without the objective no run is healthy, whatever its other curves say.
+        not_judged.append({"role": "reward", "metric": None, "points": 0, "needed": ctx.s.min_points_to_judge,
+                           "text": "the objective: no reward or return curve ("
+                                   + ", ".join(METRIC_ROLES["reward"]) + ")"})
     if reward is not None and ROLE_CHECKS.get("reward") in checked and (ctx.baseline is None or ctx.baseline.weak):
         # A run that learns, only more slowly than it should, looks healthy on its own curves: the
         # pace is judged against the task's healthy runs alone. Say so rather than imply it was checked.

@@ -243,6 +243,9 @@ class Diagnosis:
     ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: "llm" or "control" (or None): how the texts are worded.
     run_kind: str | None = None
+    #: Curves the diagnosis derived because the run lacks them: name -> {"from": source metric, "text": how}
+    #: (a windowed episode mean from a per-episode series).
+    derived: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def worst_severity(self) -> str | None:
@@ -285,6 +288,8 @@ class Diagnosis:
             text = f"{n_warn} problem(s), worst {self.worst_severity}; first: {self.at_least('warning')[0].summary()}"
         if self.checked:
             text += f"; checked: {', '.join(self.checked)}"
+        if self.derived:
+            text += "; " + "; ".join(d["text"] for d in self.derived.values())
         if unjudged:
             text += f"; could not judge: {unjudged}"
         return text
@@ -312,6 +317,7 @@ class Diagnosis:
             "ranges_used": {k: dict(v) for k, v in sorted(self.ranges_used.items())},
             "ranges": {k: dict(v) for k, v in sorted(self.ranges.items())},
             "run_kind": self.run_kind,
+            "derived": {k: dict(v) for k, v in self.derived.items()},
         }
 
 
