@@ -58,6 +58,14 @@ def test_cleanrl_per_episode_returns_are_judged_through_the_windowed_mean_sb3_wo
     assert derived.values[-1] == pytest.approx(float(np.mean(done[-100:])))
 
 
+def test_a_baseline_of_per_episode_runs_has_the_windowed_return_band_they_are_judged_by(registry: Registry):
+    from registry.analysis.baselines import build_task_baseline
+
+    run_id = registry.register(CLEANRL_RUN).run_id
+    profile = build_task_baseline(registry, "CartPole-v1", [run_id], author="test", allow_weak=True)
+    assert "episode_return_mean" in profile.metrics and profile.metrics["episode_return_mean"].band("late")
+
+
 def test_a_run_without_a_reward_curve_is_not_called_healthy(registry: Registry, tmp_path: Path):
     csv = tmp_path / "losses_only.csv"
     csv.write_text("step,train/approx_kl,train/clip_fraction\n" + "".join(

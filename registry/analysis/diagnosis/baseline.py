@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from registry.analysis.diagnosis.episodes import with_windowed_episode_means
 from registry.analysis.diagnosis.signal import noise_sigma
 from registry.analysis.diagnosis.types import Curve
 
@@ -204,7 +205,10 @@ def build_baseline(task: str, runs: Sequence[Mapping[str, Curve]], *, early_poin
     from health metrics (by the definition's quantity; by name without it): those get no band.
     ``hyperparams`` (knob -> the runs' values) is kept in the profile for cause ranking.
     Fewer than :data:`MIN_HEALTHY_RUNS` runs give a weak baseline (``profile.weak``).
+    A run that logs its return once per episode only gets the windowed mean the diagnosis judges
+    by (:mod:`.episodes`), so its band exists for the runs diagnosed against it.
     """
+    runs = [with_windowed_episode_means(run)[0] for run in runs]
     bounds = []
     for run in runs:
         steps = _run_steps(run)
