@@ -195,8 +195,7 @@ def _ratio(a: float, b: float) -> str:
 def _unnamed(st: dict, suffix: str) -> str:
     """Of the findings whose cause was not the label's, how many named none (the diagnosis saying it
     cannot tell) rather than a wrong one."""
-    total = st[f"tp{suffix}"] if suffix else st["cause_total"]
-    wrong = total - st[f"cause_right{suffix}"]
+    wrong = st[f"tp{suffix}"] - st[f"cause_right{suffix}"]     # tp counts every scored cause
     if not wrong:
         return ""
     unnamed = st[f"cause_unnamed{suffix}"]

@@ -38,6 +38,7 @@ from registry.store.facade import Registry
 
 from registry.analysis.baselines import get_baseline
 from registry.analysis.inputs import diagnosis_definitions, run_curves
+from registry.analysis.diagnosis.episodes import plotted_metric
 from registry.analysis.diagnosis.ranges import FALLBACK_SOURCE, resolve_range
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
 from registry.dictionary.definitions import dictionary_stamp, healthy_range_for
@@ -157,9 +158,7 @@ def summarize_diagnosis(diag: Diagnosis) -> dict[str, Any]:
     spans: dict[str, list[list[Any]]] = {}
     for f in diag.findings:
         if f.severity in PROBLEM_SEVERITIES:
-            # A finding on a derived curve is drawn on the series it was derived from (the one the run has).
-            metric = diag.derived.get(f.metric, {}).get("from", f.metric)
-            spans.setdefault(metric, []).append([int(f.start), int(f.end), f.severity, f.detector])
+            spans.setdefault(plotted_metric(diag.derived, f.metric), []).append([int(f.start), int(f.end), f.severity, f.detector])
     return {
         "text": diag.summary(),
         "healthy": diag.healthy,

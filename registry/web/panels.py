@@ -24,6 +24,7 @@ from flask import request, url_for
 from registry.core.errors import InputError, NotFoundError
 from registry.analysis.similarity import find_similar_for_run
 from registry.store.facade import Registry
+from registry.analysis.diagnosis.episodes import plotted_metric
 from registry.analysis.health import current_findings
 from registry.analysis.baselines import get_baseline_meta
 from registry.web.formatting import format_number
@@ -97,8 +98,7 @@ def _finding_item(f: Mapping[str, Any], titles: Mapping[str, str], order: int | 
                   reading: str | None = None, derived: Mapping[str, Mapping[str, str]] | None = None
                   ) -> dict[str, Any]:
     metric = f["metric"]
-    # A finding on a curve the diagnosis derived links to the plot of the series it was derived from.
-    plot = (derived or {}).get(metric, {}).get("from", metric)
+    plot = plotted_metric(derived or {}, metric)
     return {
         "order": order, "id": f["id"], "layer": f["layer"], "layer_label": LAYER_LABELS.get(f["layer"], f["layer"]),
         "severity": f["severity"], "detector": f["detector"], "label": _label(f["detector"]),

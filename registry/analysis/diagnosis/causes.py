@@ -432,10 +432,9 @@ def only_setting_off(hp: RunSettings, ctx: Context) -> Cause | None:
         return None
     s = off[0]
     rest = [t.describe() for t in hp.settings.values() if t is not s]
-    up = (s.ratio() or 0) > 1 if s.ratio() is not None else s.value > (s.reference or 0)
     return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
                  NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else []),
-                 f"{'lower' if up else 'raise'} {s.name} towards {_ref(s)} and compare")
+                 f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
 
 
 #: Where a TRL run's setting is read when its configuration was not recorded (a trainer_state.json

@@ -58,6 +58,12 @@ def windowed_mean(per_episode: Curve, at: np.ndarray, window: int = EPISODE_WIND
     return Curve(np.asarray(at)[keep], (total[hi] - total[lo]) / (hi - lo))
 
 
+def plotted_metric(derived: Mapping[str, Mapping[str, str]], metric: str) -> str:
+    """The series a finding on ``metric`` is drawn on: for a curve the diagnosis derived (``derived``, as in
+    ``Diagnosis.derived`` or its stored dict), the series it was derived from, which the run has."""
+    return derived.get(metric, {}).get("from", metric)
+
+
 def with_windowed_episode_means(curves: Mapping[str, Curve]) -> tuple[dict[str, Curve], dict[str, dict[str, str]]]:
     """``curves`` with each windowed episode mean derived from its per-episode series where the run has
     the latter only, and what was derived: windowed name -> {"from": per-episode name, "text": how}."""

@@ -167,13 +167,19 @@ class Setting:
         return r is not None and (r < 0 or self.far(factor) is not None)
 
     @property
+    def above_reference(self) -> bool:
+        """Is the setting above its reference (by its horizon, for a horizon knob; by value where there is
+        no ratio, as against a reference of zero)?"""
+        r = self.ratio()
+        return r > 1 if r is not None else self.value > (self.reference or 0)
+
+    @property
     def cause_key(self) -> str:
         """The cause key the setting stands for when it is off its reference (``clip_range_small``,
         ``ent_coef_negative``, ``gamma_low``): the keys the cause rules use."""
         if self.knob == "ent_coef":
             return "ent_coef_negative" if self.value < 0 else "ent_coef_large"
-        r = self.ratio()
-        up = r > 1 if r is not None else self.value > (self.reference or 0)
+        up = self.above_reference
         if self.knob in HIGH_LOW_KNOBS:
             return f"{self.knob}_{'high' if up else 'low'}"
         return f"{self.knob}_{'large' if up else 'small'}"
