@@ -612,3 +612,22 @@ def test_a_cleanrl_dashboard_says_its_return_was_judged_through_a_windowed_mean(
         assert "episode_return" in item["spans"] and "episode_return_mean" not in item["spans"]
     finally:
         reg.close()
+
+
+def test_a_joint_reading_on_a_derived_return_links_to_the_per_episode_plot(tmp_path):
+    """A CleanRL-style run (one return per episode) whose return stays flat while its entropy falls: the joint
+    reading names the derived windowed return, and its link goes to the per-episode plot the run has."""
+    rng = np.random.default_rng(0)
+    csv = tmp_path / "flat_cleanrl.csv"
+    csv.write_text("step,charts/episodic_return,losses/entropy,losses/clipfrac,losses/approx_kl\n" + "".join(
+        f"{512 * i},{20 + rng.normal(0, 2):.3f},{0.69 * (1 - i / 130):.4f},0.02,0.004\n" for i in range(1, 121)))
+    reg = open_registry(f"sqlite:///{tmp_path / 'flat.db'}")
+    try:
+        run_id = reg.register(csv, framework="cleanrl", task="CartPole-v1").run_id
+        app = make_app(reg)
+        with app.test_request_context():
+            item = panels.diagnosis_panel(reg, reg.run_detail(run_id))
+        links = [m for j in item["joint"] for m in j["metrics"] if m["name"] == "episode_return_mean"]
+        assert links and all(m["has_plot"] and m["anchor"] == panels.metric_anchor("episode_return") for m in links)
+    finally:
+        reg.close()

@@ -149,8 +149,8 @@ def diagnosis_panel(registry: Registry, run: dict[str, Any]) -> dict[str, Any] |
         readings.append({
             "kind": j["kind"], "title": j["title"], "severity": j["severity"], "span": _steps(j["start"], j["end"]),
             "interpretation": j["interpretation"], "action": j["suggested_action"], "check": j.get("check_next") or [],
-            "metrics": [{"name": m, "title": titles.get(m, m), "anchor": metric_anchor(m), "has_plot": m in titles}
-                        for m in metrics],
+            "metrics": [{"name": m, "title": titles.get(m, m), "anchor": metric_anchor(plotted_metric(derived, m)),
+                         "has_plot": plotted_metric(derived, m) in titles} for m in metrics],
         })
     task = run.get("task")
     baseline = None
