@@ -1,0 +1,116 @@
+"""Train the labelled real CleanRL run set: CleanRL's own ``ppo.py``, unmodified, over a sweep.
+
+CleanRL is a set of single-file scripts, not a package, so the script is run as a file: pass the
+path of ``cleanrl/ppo.py`` from a CleanRL checkout (vwxyzjn/cleanrl); its sha256 is checked
+against :data:`PPO_SHA256` so every run in the set comes from the same file. The file is not part
+of this repository. Each run writes CleanRL's own layout, ``runs/{env_id}__ppo__{seed}__{time}/``
+(one event file with the ``hyperparameters`` text summary, per-episode ``charts/episodic_return``
+and per-iteration losses), into ``tests/data/real/cleanrl_sweep/<run>/``; the script's console
+output is not kept. A run whose directory already holds an event file is skipped.
+
+The sweep is in :data:`SWEEP`. Labels are *not* written here: they come from looking at the
+curves afterwards (``labels.yaml`` beside the runs, with the observation per run).
+
+Needs a separate environment (CleanRL's pyproject pins gymnasium 0.29.1; its ``ppo.py`` reads
+``infos["final_info"]``, which gymnasium 1.x no longer produces):
+
+    python3 -m venv /tmp/crlvenv && /tmp/crlvenv/bin/pip install torch gymnasium==0.29.1 tyro tensorboard
+    /tmp/crlvenv/bin/python bench/real_runs/make_cleanrl_sweep.py --ppo PATH/cleanrl/ppo.py [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "data" / "real" / "cleanrl_sweep"
+
+#: cleanrl/ppo.py at vwxyzjn/cleanrl fe8d8a03c41a7ef5b523e2e354bd01c363e786bb (2026-04-20).
+PPO_SHA256 = "d8dfbb7ac0b21e747b77d6e6673e566db4d6cdacc83bcebcd19cf87ad0e459ae"
+
+#: name -> (environment, seed, total timesteps, ppo.py flags on top of its defaults)
+SWEEP: dict[str, tuple[str, int, int, dict]] = {
+    # CartPole-v1: CleanRL's defaults (4 envs x 128 steps, learning rate 2.5e-4 annealed to 0).
+    "cartpole_default_s1": ("CartPole-v1", 1, 200_000, {}),
+    "cartpole_default_s2": ("CartPole-v1", 2, 200_000, {}),
+    "cartpole_default_s3": ("CartPole-v1", 3, 200_000, {}),
+    "cartpole_default_s4": ("CartPole-v1", 4, 200_000, {}),
+    "cartpole_lr_2.5e-2_s5": ("CartPole-v1", 5, 200_000, {"learning-rate": 2.5e-2}),
+    "cartpole_lr_2.5e-6_s6": ("CartPole-v1", 6, 200_000, {"learning-rate": 2.5e-6}),
+    "cartpole_clip_0.01_s7": ("CartPole-v1", 7, 200_000, {"clip-coef": 0.01}),
+    "cartpole_ent_-0.1_s8": ("CartPole-v1", 8, 200_000, {"ent-coef": -0.1}),
+    "cartpole_ent_0.5_s9": ("CartPole-v1", 9, 200_000, {"ent-coef": 0.5}),
+    "cartpole_epochs_50_s10": ("CartPole-v1", 10, 200_000, {"update-epochs": 50}),
+    "cartpole_gamma_0.5_s11": ("CartPole-v1", 11, 200_000, {"gamma": 0.5}),
+    # Acrobot-v1: the same defaults; episodes last up to 500 steps.
+    "acrobot_default_s1": ("Acrobot-v1", 1, 300_000, {}),
+    "acrobot_default_s2": ("Acrobot-v1", 2, 300_000, {}),
+    "acrobot_default_s3": ("Acrobot-v1", 3, 300_000, {}),
+    "acrobot_lr_2.5e-2_s4": ("Acrobot-v1", 4, 300_000, {"learning-rate": 2.5e-2}),
+    "acrobot_clip_0.01_s5": ("Acrobot-v1", 5, 300_000, {"clip-coef": 0.01}),
+}
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def command(ppo: Path, env_id: str, seed: int, steps: int, flags: dict) -> list[str]:
+    args = [sys.executable, str(ppo), "--no-track", "--env-id", env_id, "--seed", str(seed),
+            "--total-timesteps", str(steps)]
+    for flag, value in flags.items():
+        args += [f"--{flag}", str(value)]
+    return args
+
+
+def train(ppo: Path, name: str, env_id: str, seed: int, steps: int, flags: dict) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        # One torch thread per run: two runs share the machine's two cores.
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(command(ppo, env_id, seed, steps, flags), cwd=tmp, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{name}: ppo.py exited with {done.returncode}:\n{done.stderr[-2000:]}")
+        made = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
+        if len(made) != 1:
+            raise RuntimeError(f"{name}: expected one run directory, found {len(made)}")
+        dest = OUT / name / "runs" / made[0].name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(made[0], dest)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ppo", type=Path, help="path of cleanrl/ppo.py")
+    ap.add_argument("--only", nargs="*", help="train only these runs")
+    ap.add_argument("--list", action="store_true", help="list the sweep and exit")
+    args = ap.parse_args(argv)
+    names = args.only or list(SWEEP)
+    if args.list:
+        for name in names:
+            env_id, seed, steps, flags = SWEEP[name]
+            print(f"{name:<26} {env_id:<15} seed {seed} {steps:>7} steps {flags}")
+        return 0
+    if args.ppo is None or file_sha256(args.ppo) != PPO_SHA256:
+        raise SystemExit(f"--ppo must be cleanrl/ppo.py with sha256 {PPO_SHA256}")
+    for name in names:
+        env_id, seed, steps, flags = SWEEP[name]
+        if any((OUT / name).rglob("events.out.tfevents.*")):
+            print(f"{name}: already trained, skipped", flush=True)
+            continue
+        t0 = time.perf_counter()
+        train(args.ppo, name, env_id, seed, steps, flags)
+        print(f"{name}: trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
