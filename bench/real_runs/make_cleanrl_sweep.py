@@ -55,6 +55,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_default_s3": ("Acrobot-v1", 3, 300_000, {}),
     "acrobot_lr_2.5e-2_s4": ("Acrobot-v1", 4, 300_000, {"learning-rate": 2.5e-2}),
     "acrobot_clip_0.01_s5": ("Acrobot-v1", 5, 300_000, {"clip-coef": 0.01}),
+    # Batch 29: fresh seeds and settings near CleanRL's defaults, a sparse-reward task.
+    "cartpole_default_s12": ("CartPole-v1", 12, 200_000, {}),
+    "cartpole_default_s13": ("CartPole-v1", 13, 200_000, {}),
+    "cartpole_noanneal_s14": ("CartPole-v1", 14, 200_000, {"anneal-lr": False}),
+    "cartpole_lr_2.5e-5_s15": ("CartPole-v1", 15, 200_000, {"learning-rate": 2.5e-5}),
+    "cartpole_lr_1e-3_s16": ("CartPole-v1", 16, 200_000, {"learning-rate": 1e-3}),
+    "cartpole_epochs_1_s17": ("CartPole-v1", 17, 200_000, {"update-epochs": 1}),
+    "cartpole_ent_0.2_s18": ("CartPole-v1", 18, 200_000, {"ent-coef": 0.2}),
+    "acrobot_default_s6": ("Acrobot-v1", 6, 300_000, {}),
+    "acrobot_default_s7": ("Acrobot-v1", 7, 300_000, {}),
+    "acrobot_lr_2.5e-5_s8": ("Acrobot-v1", 8, 300_000, {"learning-rate": 2.5e-5}),
+    "acrobot_ent_-0.05_s9": ("Acrobot-v1", 9, 300_000, {"ent-coef": -0.05}),
+    "mountaincar_default_s1": ("MountainCar-v0", 1, 200_000, {}),
 }
 
 
@@ -66,7 +79,8 @@ def command(ppo: Path, env_id: str, seed: int, steps: int, flags: dict) -> list[
     args = [sys.executable, str(ppo), "--no-track", "--env-id", env_id, "--seed", str(seed),
             "--total-timesteps", str(steps)]
     for flag, value in flags.items():
-        args += [f"--{flag}", str(value)]
+        # tyro's booleans are flags: --anneal-lr / --no-anneal-lr.
+        args += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
     return args
 
 
