@@ -1,12 +1,13 @@
-"""Diagnosis on the labelled real run set (stable-baselines3 PPO sweep), tuning vs held-out.
+"""Diagnosis on the labelled real run sets (stable-baselines3 and CleanRL PPO sweeps), tuning vs held-out.
 
-The runs are in ``tests/data/real/sb3_sweep/<run>/`` (event file + params.json, trained by
-``bench/real_runs/make_sb3_sweep.py``); ``labels.yaml`` there says, per run, what its curves
-show (healthy, or the problems seen, each with the detectors that count as finding it and
-the steps it spans), the cause, and the observation the label was read from; ``split.yaml``
-says which runs were used for tuning and which are held out, in batches each placed there
-before it was trained (``held_out``, ``held_out_2``, ...; its comments say which diagnosis change
-each batch measured).
+The SB3 runs are in ``tests/data/real/sb3_sweep/<run>/`` (event file + params.json, trained by
+``bench/real_runs/make_sb3_sweep.py``), the CleanRL runs in
+``tests/data/real/cleanrl_sweep/<run>/runs/`` (CleanRL's own ``ppo.py``, run by
+``bench/real_runs/make_cleanrl_sweep.py``). In each set, ``labels.yaml`` says, per run, what its
+curves show (healthy, or the problems seen, each with the detectors that count as finding it and the
+steps it spans), the cause, and the observation the label was read from; ``split.yaml`` says which
+runs were used for tuning and which are held out, in batches each placed there before it was trained
+(``held_out``, ``held_out_2``, ...; its comments say which diagnosis change each batch measured).
 
 Printed separately for the tuning part, each held-out batch and all held-out runs together:
 
@@ -45,10 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from registry.analysis.diagnosis import build_baseline, diagnose  # noqa: E402
-from registry.analysis.diagnosis.fixtures import default_metric_infos, load_sb3_run  # noqa: E402
+from registry.analysis.diagnosis.fixtures import default_metric_infos, load_tensorboard_run  # noqa: E402
 from registry.analysis.diagnosis.hyperparams import settings_for_baseline  # noqa: E402
 
-RUNS = ROOT / "tests" / "data" / "real" / "sb3_sweep"
+#: The labelled sets: stable-baselines3 runs (with params.json beside each event file) and CleanRL runs
+#: (CleanRL's own ``runs/<run name>/`` layout, its hyperparameters read from the event file).
+RUN_SETS = [ROOT / "tests" / "data" / "real" / "sb3_sweep", ROOT / "tests" / "data" / "real" / "cleanrl_sweep"]
 
 TARGET_RECALL = 1.0
 TARGET_CAUSE = 0.9
@@ -63,9 +66,16 @@ def load_set(root: Path) -> tuple[dict, dict]:
     return labels, part
 
 
-def run_inputs(root: Path, name: str) -> tuple[dict, dict, str]:
-    params = json.loads((root / name / "params.json").read_text())
-    return load_sb3_run(root / name), params, params["env"]
+def run_inputs(root: Path, name: str) -> tuple[dict, dict, str, str]:
+    """Curves, hyperparameters, environment and framework of one labelled run."""
+    if (root / name / "params.json").exists():
+        params = json.loads((root / name / "params.json").read_text())
+        return load_tensorboard_run(root / name, "stable-baselines3")[0], params, params["env"], "stable-baselines3"
+    (run_dir,) = (root / name / "runs").iterdir()
+    curves, params, framework, task = load_tensorboard_run(run_dir)
+    if framework is None or task is None:
+        raise SystemExit(f"{run_dir}: the importer found no framework or task")
+    return curves, params, task, framework
 
 
 def baselines_for(root: Path, labels: dict, healthy_of_env: dict[str, list[str]], leave_out: str | None, env: str):
@@ -73,8 +83,8 @@ def baselines_for(root: Path, labels: dict, healthy_of_env: dict[str, list[str]]
     if not names:
         return None
     inputs = [run_inputs(root, n) for n in names]
-    knobs = settings_for_baseline([p for _, p, _ in inputs], "stable-baselines3")
-    return build_baseline(env, [c for c, _, _ in inputs], infos=default_metric_infos(env), hyperparams=knobs)
+    knobs = settings_for_baseline([p for _, p, _, _ in inputs], inputs[0][3])
+    return build_baseline(env, [c for c, _, _, _ in inputs], infos=default_metric_infos(env), hyperparams=knobs)
 
 
 def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
@@ -91,12 +101,12 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
         if name not in part:
             raise SystemExit(f"{name} is labelled but in neither part of split.yaml")
         st = stats[part[name]]
-        curves, params, env = run_inputs(root, name)
+        curves, params, env, framework = run_inputs(root, name)
         infos = default_metric_infos(env)
-        d = diagnose(curves, infos, params=params, framework="stable-baselines3")
+        d = diagnose(curves, infos, params=params, framework=framework)
         warn = d.at_least("warning")
         base = baselines_for(root, labels, healthy_of_env, name, env)
-        db = diagnose(curves, infos, baseline=base, params=params, framework="stable-baselines3") \
+        db = diagnose(curves, infos, baseline=base, params=params, framework=framework) \
             if base is not None else None
         named = sorted({f"{f.detector}->{f.cause}" for f in warn})
         st["rows"].append(f"{name:<24} {lab['label']:<8} {str(lab.get('cause')):<20} {d.verdict:<9} "
@@ -188,6 +198,14 @@ def _sum_parts(parts: list[dict]) -> dict:
     return total
 
 
+def _add_part(a: dict, b: dict) -> dict:
+    """One part's figures over two run sets that both have it: counts added, listed runs joined."""
+    out: dict = defaultdict(float)
+    for k in a.keys() | b.keys():
+        out[k] = b[k] if k not in a else a[k] if k not in b else a[k] + b[k]
+    return out
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f} ({a:.0f}/{b:.0f})" if b else "n/a (0/0)"
 
@@ -204,12 +222,15 @@ def _unnamed(st: dict, suffix: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, default=RUNS)
+    ap.add_argument("--runs", type=Path, nargs="+", default=RUN_SETS, help="labelled run sets")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
-    stats = evaluate(args.runs, args.verbose)
+    stats: dict[str, dict] = {}
+    for root in args.runs:
+        for p, st in evaluate(root, args.verbose).items():
+            stats[p] = _add_part(stats[p], st) if p in stats else st
     missed = []
-    print(f"\nreal SB3 PPO sweep: {args.runs}")
+    print(f"\nreal PPO run sets: {', '.join(map(str, args.runs))}")
     held_out = [p for p in stats if p != "tuning"]
     for p in [*stats, "all held-out"]:
         st = stats[p] if p in stats else _sum_parts([stats[q] for q in held_out])

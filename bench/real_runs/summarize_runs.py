@@ -1,7 +1,8 @@
-"""Print the numbers a label is read from, per run of the real SB3 sweep.
+"""Print the numbers a label is read from, per run of the real SB3 or CleanRL sweep.
 
-For each run directory under ``tests/data/real/sb3_sweep`` (or the directories given): the
-episode return early / late / best, and the per-update metrics SB3 logs (approx_kl,
+For each run directory under ``tests/data/real/sb3_sweep`` (or the directories given, SB3 or
+CleanRL runs): the episode return early / late / best (for CleanRL, the mean of the last 100
+episodes at each update, as SB3 logs it and the diagnosis judges it), and the per-update metrics the framework logs (approx_kl,
 clip_fraction, entropy, value loss, explained variance) as first-10% median, overall median,
 max and last-10% median. Labels in ``labels.yaml`` are written from this output and the
 curves, not from the sweep's intent.
@@ -18,7 +19,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from registry.analysis.diagnosis.fixtures import load_sb3_run  # noqa: E402
+from registry.analysis.diagnosis.episodes import with_windowed_episode_means  # noqa: E402
+from registry.analysis.diagnosis.fixtures import load_tensorboard_run  # noqa: E402
 
 SWEEP = ROOT / "tests" / "data" / "real" / "sb3_sweep"
 SHOW = ("kl_old_mean", "clip_fraction", "entropy", "value_loss", "explained_variance", "policy_loss")
@@ -30,7 +32,11 @@ def _parts(v: np.ndarray) -> tuple[float, float, float, float]:
 
 
 def summarize(run_dir: Path) -> str:
-    curves = load_sb3_run(run_dir)
+    if (run_dir / "params.json").exists():
+        curves = load_tensorboard_run(run_dir, "stable-baselines3")[0]
+    else:                                           # CleanRL's runs/<run name>/ layout
+        (inner,) = (run_dir / "runs").iterdir()
+        curves, _ = with_windowed_episode_means(load_tensorboard_run(inner)[0])
     lines = [f"== {run_dir.name}"]
     ret = curves.get("episode_return_mean")
     if ret is not None:

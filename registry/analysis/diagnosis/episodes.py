@@ -3,7 +3,7 @@
 Frameworks log an episode's return in two forms:
 
 * CleanRL, one point per finished episode: ``writer.add_scalar("charts/episodic_return",
-  info["episode"]["r"], global_step)`` (vwxyzjn/cleanrl ``cleanrl/ppo.py``, 020cf0e5), bound to
+  info["episode"]["r"], global_step)`` (vwxyzjn/cleanrl ``cleanrl/ppo.py``, 020cf0e5 and fe8d8a03), bound to
   ``episode_return`` (averaging ``none``);
 * stable-baselines3, once per rollout, the mean over the last ``stats_window_size`` (100) finished
   episodes: ``safe_mean([ep_info["r"] for ep_info in self.ep_info_buffer])`` (stable-baselines3 2.9.2,

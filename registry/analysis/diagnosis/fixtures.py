@@ -1,8 +1,9 @@
 """Loaders used by the evaluation bench and the tests (not by :func:`diagnose` itself).
 
 * :func:`default_metric_infos` reads the shipped metric dictionary and resolves a task.
-* :func:`load_sb3_run` reads a stable-baselines3 TensorBoard run into canonical curves,
-  with SB3's tags mapped (and entropy's sign flipped) as the dictionary's aliases say.
+* :func:`load_tensorboard_run` reads a TensorBoard run (SB3, CleanRL, ...) into canonical curves,
+  its tags mapped (and signs flipped) as the dictionary's aliases of its framework say, with the
+  hyperparameters the importer found; :func:`load_sb3_run` is its SB3 shorthand.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from registry.analysis.diagnosis.dictionary import metric_infos_from_definitions
 from registry.analysis.diagnosis.types import Curve, MetricInfo
+from registry.core.series import SeriesData
 from registry.dictionary.definitions import default_dictionary_text, parse_document
 from registry.importers import open_source
 
@@ -46,17 +48,29 @@ def framework_keys(framework: str) -> dict[str, tuple[str, float]]:
             if a["framework"] == framework}
 
 
-def load_sb3_run(run_dir: str | Path) -> dict[str, Curve]:
-    """Canonical curves of one SB3 TensorBoard run directory, read by the real importer and
-    mapped (entropy's sign flipped) by the dictionary's stable-baselines3 aliases."""
-
-    keys = framework_keys("stable-baselines3")
+def load_tensorboard_run(run_dir: str | Path, framework: str | None = None
+                         ) -> tuple[dict[str, Curve], dict, str | None, str | None]:
+    """Canonical curves, hyperparameters, framework and task of one TensorBoard run directory, read
+    by the real importer (the framework as it detects it unless given) and mapped by the shipped
+    dictionary's aliases of that framework (with their signs: SB3's entropy loss is flipped)."""
+    source = open_source(Path(run_dir), "tensorboard")
+    framework = framework or source.framework
+    keys = framework_keys(framework or "custom")
     points: dict[str, list[tuple[int, float]]] = {}
-    for p in open_source(Path(run_dir), "tensorboard").points():
+    for p in source.points():
         if p.key in keys:
             points.setdefault(p.key, []).append((p.step, p.value))
-    out = {}
-    for key, pts in points.items():
+    out: dict[str, Curve] = {}
+    # As the registry reads a run (Registry.canonical_curves): one point per step (the mean of a step's
+    # repeats), and of two keys bound to one definition, the one with more points, then the first by name.
+    for key, pts in sorted(points.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         name, sign = keys[key]
-        out[name] = Curve(np.array([s for s, _ in pts]), sign * np.array([v for _, v in pts]))
-    return out
+        if name not in out:
+            data = SeriesData(np.array([s for s, _ in pts]), np.array([v for _, v in pts], dtype=float)).per_step()
+            out[name] = Curve(data.steps, sign * data.values)
+    return out, source.params, framework, source.task
+
+
+def load_sb3_run(run_dir: str | Path) -> dict[str, Curve]:
+    """Canonical curves of one SB3 TensorBoard run directory (see :func:`load_tensorboard_run`)."""
+    return load_tensorboard_run(run_dir, "stable-baselines3")[0]

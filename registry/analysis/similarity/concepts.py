@@ -5,7 +5,7 @@ definitions that differ only in their averaging:
 
 * CleanRL ``charts/episodic_return`` -> ``episode_return`` (averaging ``none``): one point per
   finished episode, ``writer.add_scalar("charts/episodic_return", info["episode"]["r"],
-  global_step)`` (vwxyzjn/cleanrl ``cleanrl/ppo.py``, 020cf0e5);
+  global_step)`` (vwxyzjn/cleanrl ``cleanrl/ppo.py``, 020cf0e5 and fe8d8a03);
 * SB3 ``rollout/ep_rew_mean`` -> ``episode_return_mean`` (averaging ``episode``): the mean of
   the same Monitor ``r`` over the last 100 episodes, ``safe_mean([ep_info["r"] for ep_info in
   self.ep_info_buffer])`` (DLR-RM/stable-baselines3
