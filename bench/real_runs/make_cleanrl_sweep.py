@@ -68,6 +68,19 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_lr_2.5e-5_s8": ("Acrobot-v1", 8, 300_000, {"learning-rate": 2.5e-5}),
     "acrobot_ent_-0.05_s9": ("Acrobot-v1", 9, 300_000, {"ent-coef": -0.05}),
     "mountaincar_default_s1": ("MountainCar-v0", 1, 200_000, {}),
+    # Batch 30: fresh seeds, settings a little off the defaults, a learning rate high enough to reach the cap.
+    "cartpole_default_s19": ("CartPole-v1", 19, 200_000, {}),
+    "cartpole_default_s20": ("CartPole-v1", 20, 200_000, {}),
+    "cartpole_lr_5e-4_s21": ("CartPole-v1", 21, 200_000, {"learning-rate": 5e-4}),
+    "cartpole_lr_2e-3_s22": ("CartPole-v1", 22, 200_000, {"learning-rate": 2e-3}),
+    "cartpole_noanneal_lr_1e-3_s23": ("CartPole-v1", 23, 200_000, {"anneal-lr": False, "learning-rate": 1e-3}),
+    "cartpole_ent_0.05_s24": ("CartPole-v1", 24, 200_000, {"ent-coef": 0.05}),
+    "cartpole_clip_0.1_s25": ("CartPole-v1", 25, 200_000, {"clip-coef": 0.1}),
+    "cartpole_minibatches_32_s26": ("CartPole-v1", 26, 200_000, {"num-minibatches": 32}),
+    "cartpole_gamma_0.9_s27": ("CartPole-v1", 27, 200_000, {"gamma": 0.9}),
+    "acrobot_default_s10": ("Acrobot-v1", 10, 300_000, {}),
+    "acrobot_default_s11": ("Acrobot-v1", 11, 300_000, {}),
+    "acrobot_lr_1e-3_s12": ("Acrobot-v1", 12, 300_000, {"learning-rate": 1e-3}),
 }
 
 
