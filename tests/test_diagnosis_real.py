@@ -9,18 +9,16 @@ without a warning (with and without a baseline of the other healthy runs).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from registry import open_registry
 from registry.core.errors import InputError
 from registry.analysis.health import diagnose_run
 from registry.analysis.baselines import build_task_baseline
+from real_labels import REAL, assert_finds_labelled_problems, load_labels
 
-SWEEP = Path(__file__).parent / "data" / "real" / "sb3_sweep"
-LABELS = yaml.safe_load((SWEEP / "labels.yaml").read_text())["runs"]
+SWEEP = REAL / "sb3_sweep"
+LABELS = load_labels("sb3_sweep")
 HEALTHY_CARTPOLE = sorted(n for n, lab in LABELS.items() if lab["env"] == "CartPole-v1" and lab["label"] == "healthy")
 PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem")
 HEALTHY_ACROBOT = sorted(n for n, lab in LABELS.items() if lab["env"] == "Acrobot-v1" and lab["label"] == "healthy")
@@ -117,18 +115,7 @@ def test_labelled_problems_are_found_with_the_labelled_cause(registry, name):
 
 
 def _assert_finds_the_labelled_problems(name: str, d) -> None:  # noqa: ANN001 - a Diagnosis
-    """Every labelled problem has a warning in its steps naming the labelled cause, and every
-    warning is one of the label's problems or their consequences."""
-    lab = LABELS[name]
-    warn = d.at_least("warning")
-    for prob in lab["problems"]:
-        lo, hi = prob["steps"]
-        hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
-        assert hit, f"{name}: {prob['what']} not found ({[f.summary() for f in warn]})"
-        assert any(f.cause == lab["cause"] for f in hit), \
-            f"{name}: {[(f.detector, f.cause) for f in hit]} instead of {lab['cause']}"
-    allowed = {det for p in lab["problems"] for det in p["detectors"]} | set(lab.get("consequences") or [])
-    assert {f.detector for f in warn} <= allowed, [f.summary() for f in warn]
+    assert_finds_labelled_problems(LABELS[name], name, d)
 
 
 @pytest.mark.parametrize("name", PROBLEM_RUNS)

@@ -168,6 +168,10 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
         c["kl_old_mean"][t:] *= rng.uniform(2, 3)
         touched += ["clip_fraction", "kl_old_mean"]
     elif kind == "clip_low":
+        # Updates too small hold back a run that still has something to learn: start where the reward was
+        # below its ceiling (after it, a clip fraction near zero is a converged policy's, not a stall's).
+        below = np.flatnonzero(c[reward][: t + 1] < lo + 0.6 * (hi - lo))
+        t = int(below[-1]) if below.size else t
         c["clip_fraction"][t:] = np.clip(rng.uniform(0, 0.008) * lognormal(rng, n - t, 0.3), 0, 1)
         c["kl_old_mean"][t:] *= rng.uniform(1e-4, 1e-3)
         c["learning_rate"][t:] *= 1e-3

@@ -423,12 +423,23 @@ def gamma_short(hp: RunSettings, ctx: Context, *_: Any) -> Cause | None:
                  0.55 + _bonus(r), [s.describe()], f"raise gamma towards {_ref(s)}")
 
 
-def only_setting_off(hp: RunSettings, ctx: Context) -> Cause | None:
+#: Per detector, the cause keys that push the other way from what it found: a setting that enlarges the
+#: update cannot be why updates are too small (a learning rate 4x its default beside a clip fraction of 0
+#: at the return's cap), nor one that shrinks it why they are too large.
+OPPOSITE_CAUSES: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("clip_low", "reward_slow"), frozenset({"learning_rate_high", "n_epochs_high"})),
+    **dict.fromkeys(("kl_spike", "kl_climb", "clip_high", "policy_loss_growing"),
+                    frozenset({"learning_rate_low", "n_epochs_low"})),
+}
+
+
+def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | None:
     """The one setting read from the run that is far from its reference, when no rule tied the finding
     to a cause: named by elimination, at the naming bar and no higher (the run says only that nothing
-    else it records differs). None when no setting, or more than one, is far off."""
+    else it records differs). None when no setting, or more than one, is far off, and when that setting
+    pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
     off = [s for s in hp.settings.values() if s.off(ctx.s.cause_setting_factor)]
-    if len(off) != 1:
+    if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
         return None
     s = off[0]
     rest = [t.describe() for t in hp.settings.values() if t is not s]
@@ -568,7 +579,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
         found += _after_collapse(ctx, f)
     generic = _drop_contradicted(_generic(f), found, kl)
     if not any(c.support >= NAMED_SUPPORT for c in found):
-        found += [c for c in [only_setting_off(hp, ctx)] if c is not None]
+        found += [c for c in [only_setting_off(hp, ctx, d)] if c is not None]
     if d == "reward_flat" and not any(c.support >= NAMED_SUPPORT for c in found) and hp.settings:
         read = ", ".join(s.describe() for s in hp.settings.values())
         found.append(Cause("task_hyperparameters",

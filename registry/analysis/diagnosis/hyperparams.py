@@ -35,7 +35,7 @@ would hide it; 0.999 against 0.99 is 10x longer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -56,7 +56,7 @@ FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
                           "ent_coef": ("ent_coef",), "n_epochs": ("n_epochs",), "target_kl": ("target_kl",),
                           "batch_size": ("batch_size",), "vf_coef": ("vf_coef",), "gamma": ("gamma",),
                           "gae_lambda": ("gae_lambda",), "n_steps": ("n_steps",)},
-    # cleanrl/ppo.py argparse flags (vwxyzjn/cleanrl, commit 020cf0e5).
+    # cleanrl/ppo.py Args fields (vwxyzjn/cleanrl fe8d8a03, tyro; the argparse flags of 020cf0e5 had the same names).
     "cleanrl": {"learning_rate": ("learning_rate", "learning-rate"), "clip_range": ("clip_coef", "clip-coef"),
                 "ent_coef": ("ent_coef", "ent-coef"), "n_epochs": ("update_epochs", "update-epochs"),
                 "target_kl": ("target_kl", "target-kl"), "vf_coef": ("vf_coef", "vf-coef"), "gamma": ("gamma",),
@@ -89,7 +89,7 @@ FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
 }
 DEFAULT_SOURCES: dict[str, str] = {
     "stable-baselines3": "stable_baselines3/ppo/ppo.py PPO.__init__ (stable-baselines3 2.9.2)",
-    "cleanrl": "cleanrl/ppo.py argparse defaults (vwxyzjn/cleanrl 020cf0e5)",
+    "cleanrl": "cleanrl/ppo.py Args defaults (vwxyzjn/cleanrl fe8d8a03; the same in 020cf0e5)",
     "trl": "trl/trainer/grpo_config.py GRPOConfig (huggingface/trl 006d32c9)",
     "verl": "verl/trainer/config/ppo_trainer.yaml (volcengine/verl 008db456)",
 }
@@ -280,6 +280,18 @@ class RunSettings:
     def value(self, knob: str) -> float | None:
         s = self.settings.get(knob)
         return None if s is None else s.value
+
+    def at_framework_defaults(self, required: Sequence[str], factor: float) -> list[Setting] | None:
+        """Every setting read from the run, when ``required`` are among them and none is ``factor`` or
+        more off its framework's default (the healthy runs' median is not asked: the question is
+        whether the run is the framework's own reference configuration); None otherwise, and when a
+        setting read has no framework default to compare with."""
+        if any(k not in self.settings for k in required):
+            return None
+        out = list(self.settings.values())
+        if any(s.default is None or replace(s, healthy=None, healthy_n=0).off(factor) for s in out):
+            return None
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"framework": self.framework, "settings": {k: s.to_dict() for k, s in sorted(self.settings.items())}}

@@ -11,7 +11,7 @@ from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.ranges import baseline_source
 from registry.analysis.diagnosis.signal import TINY, Series, merge_close, rolling_median, runs
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import Rising, reward_still_rising, top
+from registry.analysis.diagnosis.detectors.common import Rising, reward_still_rising, reward_top_reached, top
 
 
 def detect_clip_high(ctx: Context) -> list[Finding]:
@@ -218,6 +218,45 @@ def _held_back(ctx: Context, sr: Series, a: int, b: int) -> Rising | None:
     return reward_still_rising(ctx)
 
 
+#: The settings that set how far one update moves the policy.
+UPDATE_SIZE_KNOBS = ("learning_rate", "n_epochs", "clip_range")
+
+
+def _small_by_design(ctx: Context, ev: dict) -> list | None:
+    """The run's settings when every one read is its framework's default (the update-size ones among
+    them) and only the generic ranges call its updates small (no healthy runs of the task say so:
+    ``kl_ratio_to_baseline`` is absent).
+
+    A framework's default configuration is its authors' reference, and small updates are what some of
+    them make by design: CleanRL's ppo.py (fe8d8a03: 4 epochs, 128-sample minibatches, a learning rate
+    annealed to zero, its approx_kl read on the last minibatch) logs a clip fraction of 0 and a KL near
+    1e-5 through healthy CartPole and Acrobot runs that learn (tests/data/real/cleanrl_sweep, batch 28).
+    Then "too conservative: raise the learning rate" has nothing in the run to stand on: the settings
+    are the reference, and whether this task needs more is what a baseline of its healthy runs tells."""
+    if ctx.hp is None or "kl_ratio_to_baseline" in ev:
+        return None
+    return ctx.hp.at_framework_defaults(UPDATE_SIZE_KNOBS, ctx.s.cause_setting_factor)
+
+
+def _clip_low_by_design(ctx: Context, name: str, sr: Series, a: int, b: int, L: int, med: float, low: float,
+                        ev: dict, settings: list) -> Finding:
+    """The information that a clip fraction below the generic range comes with the framework's default
+    update settings (see :func:`_small_by_design`)."""
+    start, end = sr.step(a), sr.step_end(b)
+    kl = f" and KL {ev['kl_median']:.2g}" if ev.get("kl_median") is not None else ""
+    ev["update_settings_at_default"] = 1.0
+    return ctx.finding(
+        "clip_low", name, start, end, "info",
+        f"clip fraction {med:.3g} below {low:g}{kl} for {(b - a + 1) * sr.bin_size} points, with every setting "
+        f"read at the framework's default ({'; '.join(s.describe() for s in settings)}): small updates are what "
+        f"its reference configuration makes, and nothing in the run says they are too small for this task",
+        evidence=ev, causes=["the framework's default update size (its reference configuration)"],
+        check=["a baseline of this task's healthy runs (is their clip fraction higher?)",
+               "the return: does it keep improving?"],
+        action="nothing, unless the task's healthy runs update more: then raise the learning rate or epochs",
+        detected_at=sr.step(min(a + L - 1, sr.n - 1)), related=["kl_old_mean", "learning_rate"])
+
+
 def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: int, kl_bound: str | None,
                       extra: dict | None) -> Finding:
     """The clip_low finding over bins [a, b]: "too conservative" (a warning) when the KL corroborates
@@ -237,6 +276,15 @@ def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: in
         ev["kl_median"] = ctx.median_between(kl_name, start, end)
         ev.update(extra)
         corroborated = kl_bound is not None or held_back is not None
+    by_design = _small_by_design(ctx, ev) if corroborated else None
+    if by_design is not None:
+        return _clip_low_by_design(ctx, name, sr, a, b, L, med, low, ev, by_design)
+    top = reward_top_reached(ctx, start, end) if corroborated else None
+    if top is not None:
+        # The objective says otherwise: updates that took the return to the top of its task range
+        # were large enough for the task, however small the clip fraction and KL look.
+        ev.update({"reward_best": top[0], "reward_level_in_range": top[1]})
+        corroborated = False
     why = f" and KL {ev['kl_median']:.2g}{kl_bound}" if kl_bound else ""
     if held_back is not None:
         ev.update({"held_back_from_start": 1.0, "reward_rising_from": held_back.level_from,
@@ -253,8 +301,11 @@ def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: in
     return ctx.finding(
         "clip_low", name, start, end, "warning" if corroborated else "info",
         (f"updates too conservative: clip fraction {med:.3g} < {low:g}{why}" if corroborated else
-         f"clip fraction {med:.3g} below {low:g}, but KL is in range: the policy still moves")
-        + f" for {(b - a + 1) * sr.bin_size} points",
+         f"clip fraction {med:.3g} below {low:g} for {(b - a + 1) * sr.bin_size} points, but the return reached "
+         f"{ev['reward_best']:.4g} ({100 * ev['reward_level_in_range']:.0f}% of its task range) over them: the "
+         f"updates were large enough for the task" if "reward_best" in ev else
+         f"clip fraction {med:.3g} below {low:g}, but KL is in range: the policy still moves for "
+         f"{(b - a + 1) * sr.bin_size} points"),
         evidence=ev, causes=causes,
         check=["learning rate (and its schedule)", "KL to the old policy", "entropy (collapsed policy?)"],
         action="raise the learning rate (or epochs per rollout) until clip fraction is in range",

@@ -37,13 +37,44 @@ class Rising:
                 f"over the last {self.points} points, rank correlation with time {self.corr:.2f})")
 
 
+def level_in_task_range(ctx: Context, name: str, value: float) -> float | None:
+    """Where ``value`` of reward ``name`` sits in its task range: 0 at the worst end, 1 at the best
+    (by which way is better); None without one. Only the dictionary's range is a task range here (a
+    task's own scale, such as CartPole's cap of 500): a range learned from a baseline spans the healthy
+    runs' early and late bands, and 80% of the way up it is still far below where they ended."""
+    info = ctx.metrics.get(name)
+    if info is None or info.healthy_low is None or info.healthy_high is None:
+        return None
+    low, high = ctx.range(name)
+    if low is None or high is None or high <= low:
+        return None
+    return (value - low) / (high - low) if ctx.higher_is_better(name) else (high - value) / (high - low)
+
+
+def reward_top_reached(ctx: Context, start: int, end: int) -> tuple[float, float] | None:
+    """(best smoothed reward over steps [start, end], its level in the task range) when that level is
+    ``flat_max_level`` or above: the level at which a plateau is no problem (``detect_reward_flat``)."""
+    name = ctx.first("reward")
+    if name is None:
+        return None
+    sr = ctx.series(name)
+    inside = (sr.steps >= start) & (sr.steps <= end)
+    if not inside.any():
+        return None
+    sign = 1.0 if ctx.higher_is_better(name) else -1.0
+    best = sign * float(np.max(sign * rolling_median(sr.y, max(3, ctx.window(name, sr)), "centered")[inside]))
+    level = level_in_task_range(ctx, name, best)
+    return (best, level) if level is not None and level >= ctx.s.flat_max_level else None
+
+
 def reward_still_rising(ctx: Context) -> Rising | None:
-    """The reward of a control run when it rises steadily over the last ``plateau_frac`` of the run
-    (the raw values' rank correlation with time at least ``rising_min_corr``, the smoothed level
-    higher at the end than at the start of that stretch); None otherwise, for runs shorter than
-    ``flat_min_points``, and for language-model runs: what it supports (updates held back from the
-    start, ``detect_reward_slow``) was measured on control tasks only, and a language model's
-    learning rates and clip fractions are orders of magnitude smaller by their own defaults."""
+    """The reward of a control run when it rises steadily over the last ``plateau_frac`` of the run (the raw
+    values' rank correlation with time at least ``rising_min_corr``, the smoothed level higher at the end than
+    at the start of that stretch); None otherwise, for runs shorter than ``flat_min_points``, for a reward
+    that ends at ``flat_max_level`` of its task range or above (the level a plateau is no problem at: what
+    rises there is converging), and for language-model runs: what it supports (updates held back from the
+    start, ``detect_reward_slow``) was measured on control tasks only, and a language model's learning rates
+    and clip fractions are orders of magnitude smaller by their own defaults."""
     st = ctx.s
     name = ctx.first("reward")
     if ctx.run_kind != "control" or name is None:
@@ -61,4 +92,7 @@ def reward_still_rising(ctx: Context) -> Rising | None:
     start, end = float(np.median(s[:k])), float(np.median(s[-k:]))
     if corr < st.rising_min_corr or end <= start:
         return None
+    level = level_in_task_range(ctx, name, sign * end)
+    if level is not None and level >= st.flat_max_level:
+        return None          # near the top of its task range: converging, not held back
     return Rising(name, sr.step(n - tail), sign * start, sign * end, corr, tail * sr.bin_size)

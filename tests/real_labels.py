@@ -1,0 +1,29 @@
+"""The labelled real run sets (tests/data/real/sb3_sweep, tests/data/real/cleanrl_sweep): what a
+diagnosis must say about a run, by its label."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REAL = Path(__file__).parent / "data" / "real"
+
+
+def load_labels(run_set: str) -> dict[str, dict[str, Any]]:
+    """Run name -> label of one set (``sb3_sweep``, ``cleanrl_sweep``)."""
+    return yaml.safe_load((REAL / run_set / "labels.yaml").read_text())["runs"]
+
+
+def assert_finds_labelled_problems(lab: dict[str, Any], name: str, d: Any) -> None:
+    """Every labelled problem of run ``name`` has a warning in its steps naming the labelled cause,
+    and every warning of diagnosis ``d`` is one of the label's problems or their consequences."""
+    warn = d.at_least("warning")
+    for prob in lab["problems"]:
+        lo, hi = prob["steps"]
+        hit = [f for f in warn if f.detector in prob["detectors"] and f.start <= hi and f.end >= lo]
+        assert hit, f"{name}: {prob['what']} not found ({[f.summary() for f in warn]})"
+        assert any(f.cause == lab["cause"] for f in hit), \
+            f"{name}: {[(f.detector, f.cause) for f in hit]} instead of {lab['cause']}"
+    allowed = {det for p in lab["problems"] for det in p["detectors"]} | set(lab.get("consequences") or [])
+    assert {f.detector for f in warn} <= allowed, [f.summary() for f in warn]
