@@ -1,11 +1,10 @@
 """Print the numbers a label is read from, per run of the real SB3 or CleanRL sweep.
 
-For each run directory under ``tests/data/real/sb3_sweep`` (or the directories given, SB3 or
-CleanRL runs): the episode return early / late / best (for CleanRL, the mean of the last 100
-episodes at each update, as SB3 logs it and the diagnosis judges it), and the per-update metrics the framework logs (approx_kl,
-clip_fraction, entropy, value loss, explained variance) as first-10% median, overall median,
-max and last-10% median. Labels in ``labels.yaml`` are written from this output and the
-curves, not from the sweep's intent.
+For each run directory under ``tests/data/real/sb3_sweep`` (or the directories given, SB3 or CleanRL runs):
+the episode return early / late / best (for CleanRL, the mean of the last 100 episodes at each update, as SB3
+logs it and the diagnosis judges it), and the per-update metrics the framework logs (approx_kl, clip_fraction,
+entropy, value loss, explained variance) as first-10% median, overall median, max and last-10% median. Labels
+in ``labels.yaml`` are written from this output and the curves, not from the sweep's intent.
 
 Run: .venv/bin/python bench/real_runs/summarize_runs.py [RUN_DIR ...]
 """
