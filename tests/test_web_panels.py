@@ -594,9 +594,10 @@ def test_a_failing_diagnosis_never_takes_the_dashboard_or_its_plots_down(fresh, 
 
 
 def test_a_cleanrl_dashboard_says_its_return_was_judged_through_a_windowed_mean(tmp_path):
-    """The real CleanRL run logs one return per episode: the panel says the windowed mean was derived, and its
-    reward finding links to (and shades) the per-episode plot the run has."""
-    real = Path(__file__).parent / "data" / "real" / "cleanrl_ppo_cartpole" / "runs" / "CartPole-v1__ppo__1__1796394563"
+    """A real CleanRL run logs one return per episode: the panel says the windowed mean was derived, and its
+    reward finding (its windowed return fell 408 -> 218 at the end) links to (and shades) the per-episode plot
+    the run has."""
+    (real,) = (Path(__file__).parent / "data" / "real" / "cleanrl_sweep" / "cartpole_default_s1" / "runs").iterdir()
     reg = open_registry(f"sqlite:///{tmp_path / 'cleanrl.db'}")
     try:
         run_id = reg.register(real).run_id
