@@ -53,6 +53,9 @@ from registry.analysis.diagnosis.hyperparams import settings_for_baseline  # noq
 #: (CleanRL's own ``runs/<run name>/`` layout, its hyperparameters read from the event file).
 RUN_SETS = [ROOT / "tests" / "data" / "real" / "sb3_sweep", ROOT / "tests" / "data" / "real" / "cleanrl_sweep"]
 
+#: Per part, the runs listed under each heading (the rest of a part's figures are counts).
+LISTED = ("misses", "false_alarms", "wrong_causes", "fp", "rows", "borderline")
+
 TARGET_RECALL = 1.0
 TARGET_CAUSE = 0.9
 
@@ -93,9 +96,7 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
     for name, lab in labels.items():
         if lab["label"] == "healthy":
             healthy_of_env[lab["env"]].append(name)
-    stats: dict[str, dict] = {p: defaultdict(float) | {"misses": [], "false_alarms": [], "wrong_causes": [],
-                                                        "fp": [], "rows": [], "borderline": []}
-                            for p in dict.fromkeys(part.values())}
+    stats: dict[str, dict] = {p: defaultdict(float) | {k: [] for k in LISTED} for p in dict.fromkeys(part.values())}
     for name in sorted(labels):
         lab = labels[name]
         if name not in part:
@@ -188,21 +189,13 @@ def evaluate(root: Path, verbose: bool = False) -> dict[str, dict]:
     return stats
 
 
-def _sum_parts(parts: list[dict]) -> dict:
-    total: dict = defaultdict(float) | {k: [] for k in ("misses", "false_alarms", "wrong_causes", "fp", "rows",
-                                                        "borderline")}
+def _add_parts(parts: list[dict]) -> dict:
+    """The figures of several parts together (one part over both run sets, or all held-out batches):
+    counts added, listed runs joined."""
+    out: dict = defaultdict(float)
     for st in parts:
         for k, v in st.items():
-            total[k] = total[k] + v
-    total.update(rows=[], misses=[], false_alarms=[], wrong_causes=[], fp=[], borderline=[])
-    return total
-
-
-def _add_part(a: dict, b: dict) -> dict:
-    """One part's figures over two run sets that both have it: counts added, listed runs joined."""
-    out: dict = defaultdict(float)
-    for k in a.keys() | b.keys():
-        out[k] = b[k] if k not in a else a[k] if k not in b else a[k] + b[k]
+            out[k] = out[k] + v if k in out else v
     return out
 
 
@@ -228,12 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, dict] = {}
     for root in args.runs:
         for p, st in evaluate(root, args.verbose).items():
-            stats[p] = _add_part(stats[p], st) if p in stats else st
+            stats[p] = _add_parts([stats[p], st]) if p in stats else st
     missed = []
     print(f"\nreal PPO run sets: {', '.join(map(str, args.runs))}")
     held_out = [p for p in stats if p != "tuning"]
     for p in [*stats, "all held-out"]:
-        st = stats[p] if p in stats else _sum_parts([stats[q] for q in held_out])
+        if p in stats:
+            st = stats[p]
+        else:  # all held-out batches together: their runs are listed under their own batch, so only the counts
+            st = _add_parts([stats[q] for q in held_out])
+            st.update({k: [] for k in LISTED})
         print(f"\n[{p}] {st['problem_runs']:.0f} problem runs ({st['problems']:.0f} labelled problems), "
               f"{st['healthy_runs']:.0f} healthy runs")
         print(f"  detection recall     {_ratio(st['found'], st['problems'])}")
