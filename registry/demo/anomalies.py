@@ -107,6 +107,11 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
         touched += ["response_length_mean", "reward_accuracy_mean", "reward_format_mean", reward]
         detail["growth"] = g
     elif kind == "value_loss_flat":
+        # A critic that stops learning leaves the advantages noise and the return stalls below its ceiling
+        # (a flat value loss beside a return at the task's top is a solved task's, not a failing critic's).
+        below = np.flatnonzero(c[reward][: t + 1] < lo + 0.6 * (hi - lo))
+        t = int(below[-1]) if below.size else t
+        freeze_reward()
         v = c["value_loss"]
         lvl = float(v[0:max(1, t + 1)].mean()) * rng.uniform(0.85, 1.15)
         v[t:] = lvl * lognormal(rng, n - t, 0.3)

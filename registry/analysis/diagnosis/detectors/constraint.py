@@ -16,7 +16,7 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import top
+from registry.analysis.diagnosis.detectors.common import level_in_task_range, top
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,6 +210,20 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
 # ---------------------------------------------------------------------------------------
 # Value loss not decreasing
 # ---------------------------------------------------------------------------------------
+def _return_at_top(ctx: Context, start: int, end: int) -> tuple[float, float] | None:
+    """(median return over steps [start, end], its level in the task range) when that level is
+    ``flat_max_level`` or above; None otherwise or without a dictionary task range."""
+    rname = ctx.first("reward")
+    if rname is None:
+        return None
+    rv = ctx.values_between(rname, start, end)
+    if rv.size == 0:
+        return None
+    final = float(np.median(rv))
+    level = level_in_task_range(ctx, rname, final)
+    return (final, level) if level is not None and level >= ctx.s.flat_max_level else None
+
+
 def detect_value_loss_flat(ctx: Context) -> list[Finding]:
     found = ctx.first_series("value_loss")
     if found is None:
@@ -271,12 +285,17 @@ def detect_value_loss_flat(ctx: Context) -> list[Finding]:
                               f"it, and the loss grew {late / early:.2g}x, less than the square of that growth "
                               f"({growth:.2g}x), so the critic keeps up (explained variance "
                               f"{ev['explained_variance']:.2g})")
+    at_top = None if good_fit or chasing or scaled else _return_at_top(ctx, sr.step(max(a, n - e)), end)
+    if at_top is not None:
+        ev["return_level_in_task_range"] = at_top[1]
     return [ctx.finding(
-        "value_loss_flat", name, start, end, "info" if good_fit or chasing or scaled else "warning",
+        "value_loss_flat", name, start, end, "info" if good_fit or chasing or scaled or at_top else "warning",
         f"value loss not decreasing: {early:.4g} early, {late:.4g} now"
         + (" (but explained variance is high: the critic fits)" if good_fit else "")
         + (" while the return is still rising steadily (the critic chases a moving target)" if chasing else "")
-        + (scale_text if scaled else ""),
+        + (scale_text if scaled else "")
+        + (f" while the return ends at {at_top[0]:.4g}, {100 * at_top[1]:.0f}% of its task range: the policy does "
+           "what the task asks, so a critic loss that does not fall is not holding it back" if at_top else ""),
         evidence=ev,
         causes=["the critic is not learning (value learning rate / vf_coef too small)",
                 "returns are non-stationary or badly scaled (no reward normalisation)",

@@ -204,11 +204,19 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
         seg = runs(low_mask)
         end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
         lost = (lvl_before - lvl_after) / max(float(den[a]), TINY)
+        regained = _regained_level(y, end, M, lvl_before)
+        unstable = _unstable_around(ctx, sr.step(c), sr.step_end(end))
+        if regained is not None and not unstable:
+            found.append(_recovered_dip(ctx, name, sr, c, end, sign, lvl_before, lvl_after, regained, lost))
+            continue
         sev = "critical" if lost >= 0.8 or end == n - 1 and lost >= 0.5 else "warning"
         found.append(ctx.finding(
             "reward_drop", name, sr.step(c), sr.step_end(end), sev,
             f"reward fell suddenly from {sign * lvl_before:.4g} to {sign * lvl_after:.4g} "
-            f"({100 * lost:.0f}% of its level above the floor) and stayed down",
+            f"({100 * lost:.0f}% of its level above the floor) and "
+            + ("stayed down" if regained is None else
+               f"climbed back to {sign * regained:.4g} by the end, but {_words(unstable)} over the fall say the "
+               "updates caused it"),
             evidence={"level_before": sign * lvl_before, "level_after": sign * lvl_after,
                       "fraction_lost": lost, "noise_sigma": float(noise[a]),
                       "floor": floor if floor is not None else float("nan")},
@@ -261,6 +269,12 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
         peak = int(np.argmax(s[:a + 1]))
         worst = a + int(np.argmin(s[a:b + 1]))
         share = float(lost[worst] / gain[worst])
+        regained = _regained_level(y, b, M, float(s[peak]))
+        unstable = _unstable_around(ctx, sr.step(peak), sr.step_end(b))
+        if regained is not None and not unstable:
+            out.append(_recovered_dip(ctx, name, sr, peak, b, sign, float(s[peak]), float(s[worst]), regained,
+                                      share))
+            continue
         frac = float(lost[worst] / scale[worst])
         yardstick = _range_words(ctx, name) if ranged else "its magnitude; no task range"
         out.append(ctx.finding(
@@ -269,7 +283,9 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
             f"{(worst - peak) * sr.bin_size} points, "
             + (f"losing {100 * share:.0f}% of what the run had gained " if share < 1 else
                f"below its early level {sign * y0:.4g} ")
-            + f"({100 * frac:.0f}% of {yardstick})",
+            + f"({100 * frac:.0f}% of {yardstick})"
+            + ("" if regained is None else f"; it climbed back to {sign * regained:.4g} by the end, but "
+               f"{_words(unstable)} over the slide say the updates caused it"),
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
                       "fraction_lost": share, "gradual": 1.0,
                       ("range_fraction_lost" if ranged else "magnitude_fraction_lost"): frac},
@@ -279,6 +295,48 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
             action="resume from a checkpoint near the best point with a lower learning rate or fewer epochs",
             detected_at=sr.step(min(a + M - 1, n - 1)), related=["kl_old_mean", "clip_fraction"]))
     return out
+
+
+def _regained_level(y: np.ndarray, end: int, M: int, level: float) -> float | None:
+    """The run's final level (median of its last ``M`` points) when a fall that ended at ``end``
+    was climbed out of: the run ends at or above the level it fell from. ``None`` when it did not,
+    or when the fall reaches into the last points (a run still down, or still training)."""
+    n = len(y)
+    if end >= n - M:
+        return None
+    final = float(np.median(y[n - M:]))
+    return final if final >= level else None
+
+
+#: Findings that say the updates themselves were unstable: a dip beside one of them is that instability
+#: showing in the return, a warning even when the run climbed back.
+INSTABILITY = ("kl_spike", "kl_climb", "clip_high", "entropy_collapse")
+
+
+def _unstable_around(ctx: Context, start: int, end: int) -> list[str]:
+    """The instability detectors with a warning over steps [start, end], in ``INSTABILITY``'s order."""
+    return [d for d in INSTABILITY if any(f.at_least("warning") for f in ctx.overlapping(d, start, end))]
+
+
+def _words(detectors: list[str]) -> str:
+    names = {"kl_spike": "KL spike", "kl_climb": "KL climb", "clip_high": "clip fraction",
+             "entropy_collapse": "entropy collapse"}
+    return " and ".join(names[d] for d in detectors) + " warnings"
+
+
+def _recovered_dip(ctx: Context, name: str, sr: Series, start: int, end: int, sign: float, level_before: float,
+                   level_after: float, final: float, lost: float) -> Finding:
+    """A fall the run climbed out of, past the level it fell from, with no sign of unstable updates
+    over it: information, not a problem. PPO returns dip and recover mid-run (an unlucky batch of
+    updates, a state region being re-learnt); what a user acts on is a fall that stays, or one the
+    KL, clip fraction or entropy say the updates caused."""
+    return ctx.finding(
+        "reward_drop", name, sr.step(start), sr.step_end(end), "info",
+        f"reward dipped from {sign * level_before:.4g} to {sign * level_after:.4g} ({100 * lost:.0f}% of its gain "
+        f"or level) and recovered: it ends at {sign * final:.4g}, at or above where it fell from",
+        evidence={"level_before": sign * level_before, "level_after": sign * level_after, "fraction_lost": lost,
+                  "final_level": sign * final, "recovered": 1.0},
+        check=["KL and clip fraction around the dip, if it recurs"], related=["kl_old_mean", "clip_fraction"])
 
 
 def detect_reward_flat(ctx: Context) -> list[Finding]:
