@@ -81,6 +81,20 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_default_s10": ("Acrobot-v1", 10, 300_000, {}),
     "acrobot_default_s11": ("Acrobot-v1", 11, 300_000, {}),
     "acrobot_lr_1e-3_s12": ("Acrobot-v1", 12, 300_000, {"learning-rate": 1e-3}),
+    # Batch 31: fresh seeds, learning rates 4x-20x, more epochs and a larger clip on CartPole, Acrobot at 8x the
+    # learning rate and with more epochs, MountainCar with a learning rate 4x.
+    "cartpole_default_s31": ("CartPole-v1", 31, 200_000, {}),
+    "cartpole_default_s32": ("CartPole-v1", 32, 200_000, {}),
+    "cartpole_lr_1e-3_s33": ("CartPole-v1", 33, 200_000, {"learning-rate": 1e-3}),
+    "cartpole_noanneal_lr_1.5e-3_s34": ("CartPole-v1", 34, 200_000, {"anneal-lr": False, "learning-rate": 1.5e-3}),
+    "cartpole_lr_5e-3_s35": ("CartPole-v1", 35, 200_000, {"learning-rate": 5e-3}),
+    "cartpole_clip_0.3_s36": ("CartPole-v1", 36, 200_000, {"clip-coef": 0.3}),
+    "cartpole_epochs_10_s37": ("CartPole-v1", 37, 200_000, {"update-epochs": 10}),
+    "cartpole_minibatches_8_s38": ("CartPole-v1", 38, 200_000, {"num-minibatches": 8}),
+    "acrobot_default_s13": ("Acrobot-v1", 13, 300_000, {}),
+    "acrobot_lr_2e-3_s14": ("Acrobot-v1", 14, 300_000, {"learning-rate": 2e-3}),
+    "acrobot_epochs_10_s15": ("Acrobot-v1", 15, 300_000, {"update-epochs": 10}),
+    "mountaincar_lr_1e-3_s2": ("MountainCar-v0", 2, 200_000, {"learning-rate": 1e-3}),
 }
 
 
