@@ -64,6 +64,9 @@ CONSEQUENCES = {
     "reward_zero": {"signal_collapse", "reward_drop", "reward_flat", "advantage_degenerate"},
     "clip_high": {"kl_climb", "kl_spike"},
     "clip_low": {"reward_flat", "value_loss_flat"},
+    # the injected critic failure stalls the return below its ceiling (a flat value loss beside a return at the
+    # task's top is information): its plateau, and an entropy still narrowing beside it, are in the curves
+    "value_loss_flat": {"reward_flat", "entropy_collapse"},
 }
 #: Per-detector recall is measured on the runs of its primary kind (and variant).
 PRIMARY = {
