@@ -95,6 +95,15 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_lr_2e-3_s14": ("Acrobot-v1", 14, 300_000, {"learning-rate": 2e-3}),
     "acrobot_epochs_10_s15": ("Acrobot-v1", 15, 300_000, {"update-epochs": 10}),
     "mountaincar_lr_1e-3_s2": ("MountainCar-v0", 2, 200_000, {"learning-rate": 1e-3}),
+    # Batch 32: learning rates 8x-40x on both tasks, a default seed, a negative entropy coefficient.
+    "cartpole_lr_5e-3_s39": ("CartPole-v1", 39, 200_000, {"learning-rate": 5e-3}),
+    "cartpole_lr_1e-2_s40": ("CartPole-v1", 40, 200_000, {"learning-rate": 1e-2}),
+    "cartpole_noanneal_lr_2.5e-3_s41": ("CartPole-v1", 41, 200_000, {"anneal-lr": False, "learning-rate": 2.5e-3}),
+    "cartpole_default_s42": ("CartPole-v1", 42, 200_000, {}),
+    "cartpole_ent_-0.05_s43": ("CartPole-v1", 43, 200_000, {"ent-coef": -0.05}),
+    "acrobot_lr_2e-3_s16": ("Acrobot-v1", 16, 300_000, {"learning-rate": 2e-3}),
+    "acrobot_lr_4e-3_s17": ("Acrobot-v1", 17, 300_000, {"learning-rate": 4e-3}),
+    "acrobot_noanneal_lr_1e-3_s18": ("Acrobot-v1", 18, 300_000, {"anneal-lr": False, "learning-rate": 1e-3}),
 }
 
 
