@@ -119,11 +119,26 @@ def test_a_lone_kl_spike_that_nothing_followed_is_information_and_a_harmful_one_
                     INFOS).by_detector("kl_spike")[0].severity != "info"
     # Without a reward curve nothing shows that the jump did no harm.
     assert diagnose({"kl_old_mean": _c(kl)}, INFOS).by_detector("kl_spike")[0].severity == "warning"
-    # Two jumps are a pattern, not a lone update.
+    # Two jumps are judged each by what followed it: harmless both, information both ...
     twice = kl.copy()
     twice[45] = 0.06
-    assert all(f.severity == "warning" for f in diagnose({"kl_old_mean": _c(twice), "episode_return_mean": _c(rising)},
-                                                            INFOS).by_detector("kl_spike"))
+    assert all(f.severity == "info" for f in diagnose({"kl_old_mean": _c(twice), "episode_return_mean": _c(rising)},
+                                                         INFOS).by_detector("kl_spike"))
+    # ... and when the return falls after the second, both stay warnings: the first was followed by it.
+    after_second = rising.copy()
+    after_second[46:] = np.linspace(rising[45], 60, n - 46)
+    spikes = diagnose({"kl_old_mean": _c(twice), "episode_return_mean": _c(after_second)},
+                      INFOS).by_detector("kl_spike")
+    assert len(spikes) == 2 and all(f.severity == "warning" for f in spikes)
+    # A jump far above the healthy high is critical; ten times a run's own tiny level alone is not.
+    far = kl.copy()
+    far[25] = 0.2
+    assert diagnose({"kl_old_mean": _c(far), "episode_return_mean": _c(rising)}, INFOS).by_detector(
+        "kl_spike")[0].severity == "critical"
+    low = 0.005 * np.exp(rng.normal(0, 0.1, n))
+    low[25] = 0.07                       # 14x the run's level, 1.4x the healthy high
+    (spike,) = diagnose({"kl_old_mean": _c(low), "episode_return_mean": _c(falling)}, INFOS).by_detector("kl_spike")
+    assert spike.evidence["ratio"] >= 10 and spike.severity == "warning"
 
 
 def test_kl_spike_needs_the_healthy_range_gate():

@@ -36,6 +36,11 @@ KNOWN_FALSE_ALARMS = {
                             "the first window, ended at 92% of that window's level, and a policy as random as it "
                             "started must gain half its task range (measuring from the first updates instead, "
                             "0.69 -> 0.53, missed SB3's cartpole_ent_0.4 and left this run a plateau warning)",
+    "cartpole_default_s31": "the same reading as cartpole_default_s13: a return rising 89 -> 338 called flat because "
+                            "its entropy, 0.69 at the first update and 0.58 over the first window, ends at 0.55",
+    "cartpole_clip_0.3_s36": "a return at 352-393 over its last 30% (74% of the task range, the default seeds end at "
+                             "318-429) called a plateau below the task's top: at CleanRL's 200k steps with the "
+                             "learning rate annealed to zero, the healthy runs end there too",
 }
 
 
@@ -143,3 +148,26 @@ def test_acrobots_task_range_judges_a_return_at_its_top(registry):
     assert d.healthy, [f.summary() for f in d.at_least("warning")]
     (low,) = d.by_detector("clip_low")
     assert low.severity == "info" and low.evidence["reward_level_in_range"] >= 0.8
+
+
+def test_an_entropy_cliff_the_return_kept_rising_after_is_information(registry):
+    """At 8x the default learning rate Acrobot's entropy halves within a few updates at 13k while the return,
+    -500 before, keeps rising after it to the default seeds' end level: the policy sharpened as it learned."""
+    d = diagnose_run(registry, "acrobot_lr_2e-3_s14", use_baseline=False)
+    assert d.healthy, [f.summary() for f in d.at_least("warning")]
+    (cliff,) = d.by_detector("entropy_collapse")
+    assert cliff.severity == "info" and cliff.evidence["learning"] == 1.0
+    assert cliff.evidence["reward_after"] > cliff.evidence["reward_before"]
+    # 100x the default: the same kind of cliff beside KL spikes above 0.1 stays a warning.
+    wild = diagnose_run(registry, "acrobot_lr_2.5e-2_s4", use_baseline=False)
+    assert any(f.severity == "warning" for f in wild.by_detector("entropy_collapse"))
+
+
+def test_kl_spikes_the_return_rose_through_are_information(registry):
+    """At 20x the default learning rate the KL jumps to 0.07 twice (14x its own level, 1.4x the healthy high) with
+    clip fractions up to 0.47, while the return rises through both and ends at the cap: each spike, judged by
+    what followed it, is information."""
+    d = diagnose_run(registry, "cartpole_lr_5e-3_s35", use_baseline=False)
+    assert d.healthy, [f.summary() for f in d.at_least("warning")]
+    spikes = d.by_detector("kl_spike")
+    assert len(spikes) == 2 and all(f.severity == "info" and "nothing followed" in f.title for f in spikes)

@@ -152,6 +152,8 @@ class DiagnosisSettings:
     spike_ratio: float = 5.0
     #: ... critical from this ratio on ...
     spike_ratio_critical: float = 10.0
+    #: ... and, where the healthy high is known, from this multiple of it (0.1 against SB3's and CleanRL's 0.05).
+    spike_critical_high_factor: float = 2.0
     #: ... and it must also exceed gate_frac * healthy_high (so tiny KL wiggles never fire).
     spike_gate_frac: float = 1.0
     #: Trailing window (points) for the running level; the metric's window if larger.
@@ -219,6 +221,9 @@ class DiagnosisSettings:
     cliff_run_frac: float = 0.02
     #: Critical when the level after the cliff is below this fraction of the level before.
     cliff_critical_ratio: float = 0.1
+    #: A control run's cliff is information when its return kept rising after it, by this many times
+    #: the return's point-to-point noise over the window after it, and held that level to the end.
+    sharpen_rise_noise_k: float = 3.0
     #: A narrowing without a cliff is a problem only beside a reward judged flat: over the flat
     #: stretch the entropy ended below this fraction of its start (the policy narrowed
     #: without learning). Healthy control runs narrow as far, but their reward rises; on the labelled

@@ -1,5 +1,6 @@
-"""What every detector family shares: the cap on findings per metric, and whether a control run's
-reward is still rising at its last logged step (read by the clip fraction and by the reward)."""
+"""What every detector family shares: the cap on findings per metric, whether a control run's
+reward is still rising at its last logged step (read by the clip fraction and by the reward), where
+a reward sits in its task range, and which warnings say the updates were unstable over some steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,6 +19,22 @@ def top(findings: list[Finding], ctx: Context, key: str) -> list[Finding]:
         return findings
     keep = sorted(findings, key=lambda f: -abs(f.evidence.get(key, 0.0)))[:k]
     return sorted(keep, key=lambda f: f.start)
+
+
+#: Findings that say the updates themselves were unstable: a return's fall or an entropy's cliff beside
+#: one of them is that instability showing, a warning even when the run carried on well.
+INSTABILITY = ("kl_spike", "kl_climb", "clip_high", "entropy_collapse")
+_INSTABILITY_WORDS = {"kl_spike": "KL spike", "kl_climb": "KL climb", "clip_high": "clip fraction",
+                      "entropy_collapse": "entropy collapse"}
+
+
+def unstable_updates(ctx: Context, start: int, end: int) -> list[str]:
+    """The instability detectors with a warning (so far) over steps [start, end], in ``INSTABILITY``'s order."""
+    return [d for d in INSTABILITY if any(f.at_least("warning") for f in ctx.overlapping(d, start, end))]
+
+
+def instability_words(detectors: list[str]) -> str:
+    return " and ".join(_INSTABILITY_WORDS[d] for d in detectors) + " warnings"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from registry.analysis.diagnosis.signal import (
     TINY,
     mad_sigma,
     merge_close,
+    noise_sigma,
     rank_corr,
     rolling_median,
     runs,
@@ -16,7 +17,7 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import level_in_task_range, top
+from registry.analysis.diagnosis.detectors.common import level_in_task_range, top, unstable_updates
 
 
 # ---------------------------------------------------------------------------------------
@@ -49,7 +50,11 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
             i = a + int(np.argmax(ratio[a:b + 1]))
             post = float(np.median(sr.y[i:min(n, i + M)]))
             r = float(ratio[i])
-            sev = "critical" if r >= st.spike_ratio_critical else "warning"
+            # Critical: many times the run's own level and, where a healthy high is known, far above it too.
+            # A run whose KL sits far below the high (CleanRL's defaults: about 1e-5 against 0.05) multiplies
+            # it tenfold with one ordinary large update.
+            far = high is None or float(peak[i]) >= st.spike_critical_high_factor * high
+            sev = "critical" if r >= st.spike_ratio_critical and far else "warning"
             found.append(ctx.finding(
                 "kl_spike", name, sr.step(a), sr.step_end(b), sev,
                 (f"KL jumped to {float(peak[i]):.4g}, {r:.3g}x its recent level {float(ref[i]):.3g}"
@@ -139,6 +144,21 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         seg = runs(y[c:] < thr)
         end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
         ratio = lvl_a / lvl_b
+        start, stop = sr.step(max(a, c - 1)), sr.step_end(end)
+        learned = _learned_through(ctx, start, stop)
+        if learned is not None and not unstable_updates(ctx, start - _aftermath(ctx), stop) \
+                and not _entropy_penalised(ctx):
+            r0, r1, r_end = learned
+            found.append(ctx.finding(
+                "entropy_collapse", name, start, stop, "info",
+                f"entropy fell fast: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points, and the "
+                f"return kept rising after it, from {r0:.4g} to {r1:.4g}, and ended at {r_end:.4g}, with no KL or "
+                "clip-fraction warning over it: the policy sharpened as it learned",
+                evidence={"level_before": lvl_b, "level_after": lvl_a, "ratio": ratio, "cliff_step": sr.step(c),
+                          "reward_before": r0, "reward_after": r1, "reward_final": r_end, "learning": 1.0},
+                check=["the return, if it stops improving while the entropy keeps falling"],
+                related=["kl_old_mean", "clip_fraction"]))
+            continue
         sev = "critical" if ratio <= st.cliff_critical_ratio or (elow is not None and lvl_a < elow) else "warning"
         found.append(ctx.finding(
             "entropy_collapse", name, sr.step(max(a, c - 1)), sr.step_end(end), sev,
@@ -153,6 +173,42 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
             action="resume from before the cliff with a lower learning rate, an entropy bonus or a KL penalty",
             detected_at=sr.step(min(n - 1, c + M - 1)), related=["kl_old_mean", "clip_fraction"]))
     return top(found, ctx, "level_before")
+
+
+def _aftermath(ctx: Context) -> int:
+    return max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
+
+
+def _entropy_penalised(ctx: Context) -> bool:
+    """The run's loss rewards lower entropy (a negative entropy coefficient): a setting that drives the
+    policy to determinism, so a cliff is that setting's doing however the return moves."""
+    ent = ctx.hp.value("ent_coef") if ctx.hp is not None else None
+    return ent is not None and ent < 0
+
+
+def _learned_through(ctx: Context, start: int, end: int) -> tuple[float, float, float] | None:
+    """(return just after steps [start, end], return a window later, return at the end) when a
+    control run's return kept rising after them, by ``sharpen_rise_noise_k`` times its noise, and held
+    that level to its last point; None otherwise, and for language-model runs, whose entropy collapsing
+    while the reward climbs is the failure itself (a policy that stops exploring plateaus soon after).
+    What follows the cliff is what tells a policy that sharpened on what it learned from one that lost
+    its exploration: a return that stops there is the second."""
+    rname = ctx.first("reward")
+    if rname is None or ctx.run_kind != "control":
+        return None
+    window = _aftermath(ctx)
+    after = ctx.values_between(rname, end + 1, end + window)
+    sr = ctx.series(rname)
+    need = ctx.persist(sr.n)
+    if after.size < 2 * need:
+        return None
+    sign = 1.0 if ctx.higher_is_better(rname) else -1.0
+    noise = noise_sigma(sign * after)
+    r0, r1 = float(np.median(sign * after[:need])), float(np.median(sign * after[-need:]))
+    r_end = float(np.median(sign * sr.y[-need:]))
+    if r1 <= r0 + ctx.s.sharpen_rise_noise_k * noise or r_end < r1 - noise:
+        return None
+    return sign * r0, sign * r1, sign * r_end
 
 
 def detect_entropy_narrowing(ctx: Context) -> list[Finding]:

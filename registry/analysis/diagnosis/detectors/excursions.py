@@ -40,8 +40,9 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
         return None
     longest = st.excursion_persist_factor * ctx.persist(sr.n)
     if f.detector == "kl_spike":
-        # Exactly one spike of the metric: two are a pattern, not a lone update.
-        brief = sum(g.detector == "kl_spike" and g.metric == f.metric for g in findings) == 1
+        # A spike is one update (a warning: not far above the healthy high, ``detect_kl_spike``); several
+        # are judged one by one, each by what followed it.
+        brief = True
     elif f.detector == "kl_climb":
         brief = not f.evidence.get("climbing") and f.evidence.get("points_above", longest + 1) <= longest
     elif "median" in f.evidence:                       # clip fraction persistently above its high
@@ -100,14 +101,17 @@ def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
     with a KL near 0.05 and a clip fraction near 0.3 that they cross for a few updates while the
     reward climbs. Telling the user to lower the learning rate would then be advice the run's own
     data contradicts. An episode of overlapping KL and clip-fraction warnings is information when
-    each is brief and mild of its kind (one KL spike below the critical ratio; KL or clip fraction
+    each is brief and mild of its kind (a KL spike of warning severity; KL or clip fraction
     above the high for at most ``excursion_persist_factor`` times the persistence, not a steady
     climb, below the critical factor), each metric is back under its healthy high over the
-    following updates, the reward did not fall, and no other warning starts from the episode on.
+    following updates, the reward did not fall, and no other warning starts from the episode on
+    (episodes are judged latest first, so one followed only by harmless ones counts as followed by nothing).
     Without a reward curve, or with too few points after it to see what followed, it stays.
     """
     reward = ctx.first("reward")
-    for episode in _episodes(ctx, findings):
+    # Latest first: an excursion followed only by later excursions that were themselves harmless was
+    # followed by nothing.
+    for episode in reversed(_episodes(ctx, findings)):
         backs = [_brief_and_back(ctx, f, findings) for f in episode]
         if any(b is None for b in backs) or not _nothing_followed(ctx, episode, findings):
             continue

@@ -17,7 +17,12 @@ from registry.analysis.diagnosis.signal import (
     trend_noise_sigma,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import reward_still_rising, top
+from registry.analysis.diagnosis.detectors.common import (
+    instability_words,
+    reward_still_rising,
+    top,
+    unstable_updates,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,7 +210,7 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
         end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
         lost = (lvl_before - lvl_after) / max(float(den[a]), TINY)
         regained = _regained_level(y, end, M, lvl_before)
-        unstable = _unstable_around(ctx, sr.step(c), sr.step_end(end))
+        unstable = unstable_updates(ctx, sr.step(c), sr.step_end(end))
         if regained is not None and not unstable:
             found.append(_recovered_dip(ctx, name, sr, c, end, sign, lvl_before, lvl_after, regained, lost))
             continue
@@ -215,8 +220,8 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
             f"reward fell suddenly from {sign * lvl_before:.4g} to {sign * lvl_after:.4g} "
             f"({100 * lost:.0f}% of its level above the floor) and "
             + ("stayed down" if regained is None else
-               f"climbed back to {sign * regained:.4g} by the end, but {_words(unstable)} over the fall say the "
-               "updates caused it"),
+               f"climbed back to {sign * regained:.4g} by the end, but {instability_words(unstable)} over the fall "
+               "say the updates caused it"),
             evidence={"level_before": sign * lvl_before, "level_after": sign * lvl_after,
                       "fraction_lost": lost, "noise_sigma": float(noise[a]),
                       "floor": floor if floor is not None else float("nan")},
@@ -270,7 +275,7 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
         worst = a + int(np.argmin(s[a:b + 1]))
         share = float(lost[worst] / gain[worst])
         regained = _regained_level(y, b, M, float(s[peak]))
-        unstable = _unstable_around(ctx, sr.step(peak), sr.step_end(b))
+        unstable = unstable_updates(ctx, sr.step(peak), sr.step_end(b))
         if regained is not None and not unstable:
             out.append(_recovered_dip(ctx, name, sr, peak, b, sign, float(s[peak]), float(s[worst]), regained,
                                       share))
@@ -285,7 +290,7 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
                f"below its early level {sign * y0:.4g} ")
             + f"({100 * frac:.0f}% of {yardstick})"
             + ("" if regained is None else f"; it climbed back to {sign * regained:.4g} by the end, but "
-               f"{_words(unstable)} over the slide say the updates caused it"),
+               f"{instability_words(unstable)} over the slide say the updates caused it"),
             evidence={"level_before": sign * float(s[peak]), "level_after": sign * float(s[worst]),
                       "fraction_lost": share, "gradual": 1.0,
                       ("range_fraction_lost" if ranged else "magnitude_fraction_lost"): frac},
@@ -306,22 +311,6 @@ def _regained_level(y: np.ndarray, end: int, M: int, level: float) -> float | No
         return None
     final = float(np.median(y[n - M:]))
     return final if final >= level else None
-
-
-#: Findings that say the updates themselves were unstable: a dip beside one of them is that instability
-#: showing in the return, a warning even when the run climbed back.
-INSTABILITY = ("kl_spike", "kl_climb", "clip_high", "entropy_collapse")
-
-
-def _unstable_around(ctx: Context, start: int, end: int) -> list[str]:
-    """The instability detectors with a warning over steps [start, end], in ``INSTABILITY``'s order."""
-    return [d for d in INSTABILITY if any(f.at_least("warning") for f in ctx.overlapping(d, start, end))]
-
-
-def _words(detectors: list[str]) -> str:
-    names = {"kl_spike": "KL spike", "kl_climb": "KL climb", "clip_high": "clip fraction",
-             "entropy_collapse": "entropy collapse"}
-    return " and ".join(names[d] for d in detectors) + " warnings"
 
 
 def _recovered_dip(ctx: Context, name: str, sr: Series, start: int, end: int, sign: float, level_before: float,
