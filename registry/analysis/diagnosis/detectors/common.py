@@ -21,6 +21,11 @@ def top(findings: list[Finding], ctx: Context, key: str) -> list[Finding]:
     return sorted(keep, key=lambda f: f.start)
 
 
+def aftermath(ctx: Context) -> int:
+    """How many steps after a finding (and before it, for the reward's level) are read for what followed it."""
+    return max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
+
+
 #: Findings that say the updates themselves were unstable: a return's fall or an entropy's cliff beside
 #: one of them is that instability showing, a warning even when the run carried on well.
 INSTABILITY = ("kl_spike", "kl_climb", "clip_high", "entropy_collapse")

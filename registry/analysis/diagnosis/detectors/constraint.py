@@ -17,7 +17,7 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import level_in_task_range, top, unstable_updates
+from registry.analysis.diagnosis.detectors.common import aftermath, level_in_task_range, top, unstable_updates
 
 
 # ---------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         ratio = lvl_a / lvl_b
         start, stop = sr.step(max(a, c - 1)), sr.step_end(end)
         learned = _learned_through(ctx, start, stop)
-        if learned is not None and not unstable_updates(ctx, start - _aftermath(ctx), stop) \
+        if learned is not None and not unstable_updates(ctx, start - aftermath(ctx), stop) \
                 and not _entropy_penalised(ctx):
             r0, r1, r_end = learned
             found.append(ctx.finding(
@@ -175,10 +175,6 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
     return top(found, ctx, "level_before")
 
 
-def _aftermath(ctx: Context) -> int:
-    return max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
-
-
 def _entropy_penalised(ctx: Context) -> bool:
     """The run's loss rewards lower entropy (a negative entropy coefficient): a setting that drives the
     policy to determinism, so a cliff is that setting's doing however the return moves."""
@@ -196,7 +192,7 @@ def _learned_through(ctx: Context, start: int, end: int) -> tuple[float, float, 
     rname = ctx.first("reward")
     if rname is None or ctx.run_kind != "control":
         return None
-    window = _aftermath(ctx)
+    window = aftermath(ctx)
     after = ctx.values_between(rname, end + 1, end + window)
     sr = ctx.series(rname)
     need = ctx.persist(sr.n)

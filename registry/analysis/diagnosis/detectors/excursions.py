@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.detectors.common import aftermath
 from registry.analysis.diagnosis.signal import noise_sigma
 from registry.analysis.diagnosis.types import Finding
 
@@ -18,15 +19,10 @@ from registry.analysis.diagnosis.types import Finding
 EXCURSION_DETECTORS = ("kl_spike", "kl_climb", "clip_high")
 
 
-def _aftermath(ctx: Context) -> int:
-    """How many steps after a finding (and before it, for the reward's level) are read."""
-    return max(1, int(ctx.s.spike_aftermath_frac * ctx.span))
-
-
 def _level_after(ctx: Context, f: Finding) -> float | None:
     """The median of ``f``'s metric over the updates after it; None when too few to tell."""
     sr = ctx.series(f.metric)
-    v = ctx.values_between(f.metric, f.end + 1, f.end + _aftermath(ctx))
+    v = ctx.values_between(f.metric, f.end + 1, f.end + aftermath(ctx))
     return float(np.median(v)) if sr is not None and v.size >= ctx.persist(sr.n) else None
 
 
@@ -62,7 +58,7 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     if reward is None:
         return False
     start, end = min(f.start for f in episode), max(f.end for f in episode)
-    window = _aftermath(ctx)
+    window = aftermath(ctx)
     need = max(ctx.persist(ctx.series(f.metric).n) for f in episode)
     # The reward's level at the start (its last points before it), not a mean over a window that
     # trails a rising curve, against the updates after the episode.
