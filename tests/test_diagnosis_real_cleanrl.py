@@ -41,6 +41,14 @@ KNOWN_FALSE_ALARMS = {
     "cartpole_clip_0.3_s36": "a return at 352-393 over its last 30% (74% of the task range, the default seeds end at "
                              "318-429) called a plateau below the task's top: at CleanRL's 200k steps with the "
                              "learning rate annealed to zero, the healthy runs end there too",
+    "cartpole_default_s42": "the same reading as cartpole_default_s13: a return rising 102 -> 351 called flat because "
+                            "its entropy ends within 90% of its first window's (0.69 at the first update)",
+    "acrobot_lr_2e-3_s16": "an entropy cliff (0.64 -> 0.32) at 50k, where the return was already at the default "
+                           "seeds' end level and held it: the sharpening rule asks the return to keep rising after "
+                           "the cliff, and at its top it cannot",
+    "acrobot_lr_4e-3_s17": "a single KL jump to 0.093 (75x its level) at 65k stays a warning: the windowed return "
+                           "after it sits about a point below its level before (-85 against -84), more than the "
+                           "windowed mean's tiny point-to-point noise, so 'the reward did not fall' is not shown",
 }
 
 
