@@ -719,3 +719,19 @@ def test_real_pendulum_is_stagnant():
     assert flat and flat[0].severity == "warning" and flat[0].layer == "objective"
     assert [f.detector for f in d.at_least("warning")] == ["reward_flat"]
     assert any(j.kind == "converging_without_learning" for j in d.joint_readings)
+
+
+def test_a_dip_the_return_climbed_out_of_does_not_hide_a_later_slide_that_stays():
+    """CartPole: a dip 300 -> 200 that the run climbs out of, to 450, then a slide to 310 that lasts to the end
+    (a third of its gain): the dip is information, the slide a warning."""
+    rng = _rng(11)
+    y = np.concatenate([np.linspace(20, 300, 30), np.linspace(300, 200, 15), np.linspace(200, 450, 35),
+                        np.linspace(450, 310, 20), np.full(20, 310.0)]) + rng.normal(0, 2, 120)
+    d = diagnose({"episode_return_mean": _c(y)}, default_metric_infos("CartPole-v1"))
+    drops = d.by_detector("reward_drop")
+    assert any(f.severity == "info" and f.evidence.get("recovered") for f in drops), [f.summary() for f in drops]
+    late = [f for f in drops if f.at_least("warning")]
+    assert late and late[0].start >= 70, [f.summary() for f in drops]
+    # Without the slide the run ends at its best: the dip alone is information.
+    healthy = np.concatenate([y[:80], np.linspace(450, 480, 40) + rng.normal(0, 2, 40)])
+    assert diagnose({"episode_return_mean": _c(healthy)}, default_metric_infos("CartPole-v1")).healthy

@@ -232,8 +232,12 @@ def detect_reward_drop(ctx: Context) -> list[Finding]:
                    "reward components and sample outputs after the drop"],
             action="resume from a checkpoint before the drop with a lower learning rate or a stronger KL penalty",
             detected_at=sr.step(min(c + M - 1, n - 1)), related=["kl_old_mean", "entropy"]))
-    if not found:
-        found = _reward_regression(ctx, name, sr, y, sign, low, high)
+    if not any(f.at_least("warning") for f in found):
+        # Only dips the run climbed out of so far: a later slide may still stay (a recovered dip it
+        # already reported is not said twice).
+        slid = _reward_regression(ctx, name, sr, y, sign, low, high)
+        found += [f for f in slid if f.at_least("warning") or not any(g.start <= f.end and f.start <= g.end
+                                                                         for g in found)]
     return top(found, ctx, "fraction_lost")
 
 
@@ -270,7 +274,9 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     M = ctx.persist(n)
     out = []
     spans = runs(cond, M) if ranged else [(a, b) for a, b in runs(cond, M) if b == n - 1]
-    for a, b in spans[:1]:
+    # The first slide that stays (or that unstable updates caused) is the finding; slides the run climbed
+    # out of before it are said as information, and do not hide it.
+    for a, b in spans:
         peak = int(np.argmax(s[:a + 1]))
         worst = a + int(np.argmin(s[a:b + 1]))
         share = float(lost[worst] / gain[worst])
@@ -299,6 +305,7 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
             check=["KL and clip fraction from the best point on", "entropy around the slide"],
             action="resume from a checkpoint near the best point with a lower learning rate or fewer epochs",
             detected_at=sr.step(min(a + M - 1, n - 1)), related=["kl_old_mean", "clip_fraction"]))
+        break
     return out
 
 
