@@ -22,7 +22,9 @@ Then: which queries were flagged "no close match", with the figures; a MountainC
 run queried against CartPole runs only (``where="task = CartPole-v1"``: a query unlike anything
 in that collection); and the CleanRL CartPole run (``tests/data/real/cleanrl_ppo_cartpole``,
 per-episode ``charts/episodic_return``) searched among the SB3 runs of its task: its nearest
-neighbour, coverage and the concept warning.
+neighbour, coverage and the concept warning. Last, both labelled sets in one registry: each labelled
+run of one framework searched among the other framework's runs of its task only (its own framework's
+runs excluded), the outcome predicted from them against that pool's base rate.
 
 Run: .venv/bin/python bench/similar_real.py
 """
@@ -46,6 +48,8 @@ from registry.analysis.similarity.outcome import MIN_EFFECTIVE  # noqa: E402
 
 RUNS = ROOT / "tests" / "data" / "real" / "sb3_sweep"
 CLEANRL = ROOT / "tests" / "data" / "real" / "cleanrl_ppo_cartpole" / "runs"
+CLEANRL_SWEEP = ROOT / "tests" / "data" / "real" / "cleanrl_sweep"
+FRAMEWORKS = ("stable-baselines3", "cleanrl")
 VERDICT = {"healthy": "success", "problem": "failed"}
 K = 10
 
@@ -71,6 +75,64 @@ def build(url: str) -> tuple[Registry, dict[str, str | None], dict[str, str]]:
     with reg.transaction() as s:
         refresh_embeddings(s, res.run_id)
     return reg, truth, part
+
+
+def build_both(url: str) -> tuple[Registry, dict[str, tuple[str, str, str]]]:
+    """Both labelled sets in one registry, each run with its verdict: name -> (framework, task, verdict)."""
+    reg = Registry(url)
+    runs: dict[str, tuple[str, str, str]] = {}
+    for framework, root in zip(FRAMEWORKS, (RUNS, CLEANRL_SWEEP)):
+        for name, lab in sorted(yaml.safe_load((root / "labels.yaml").read_text())["runs"].items()):
+            if not (root / name).is_dir():
+                continue
+            path = root / name if framework == "stable-baselines3" else next((root / name / "runs").iterdir())
+            res = reg.register(path, name=f"{framework}:{name}", algorithm="ppo", framework=framework, task=lab["env"])
+            verdict = VERDICT.get(lab["label"])
+            if verdict:
+                reg.set_outcome(res.run_id, verdict=verdict)
+                runs[f"{framework}:{name}"] = (framework, lab["env"], verdict)
+            with reg.transaction() as s:
+                refresh_embeddings(s, res.run_id)
+    return reg, runs
+
+
+def cross_framework(reg: Registry, runs: dict[str, tuple[str, str, str]]) -> None:
+    """Each labelled run of one framework searched among the other framework's runs of its task only:
+    whether its outcome is predicted from runs logged by another framework under other key names (bound
+    to the same canonical metrics), against the base rate of that framework's runs of the task."""
+    for framework in FRAMEWORKS:
+        other = next(f for f in FRAMEWORKS if f != framework)
+        rows = []
+        for name, (fw, task, truth) in runs.items():
+            pool = Counter(v for n, (f, t, v) in runs.items() if f == other and t == task)
+            if fw != framework or not pool:
+                continue
+            res = find_similar(reg, name, k=K, where=f"framework = {other}", same_task=True)
+            ns = res.neighbours
+            rows.append({"run": name, "truth": truth, "weighted": res.prediction.get("verdict"),
+                         "nn1": next((n.verdict for n in ns if n.verdict), None),
+                         "majority": majority([n.verdict for n in ns]), "base": pool.most_common(1)[0][0],
+                         "full": sum(n.metrics_compared == len(res.metrics) for n in ns), "k": len(ns),
+                         "far": bool(res.closeness.get("no_close_match")), "task": task})
+        if not rows:
+            continue
+        answered = [r for r in rows if r["weighted"]]
+        print(f"  {framework} runs among {other} runs of their task: {len(rows)} queries; weighted prediction "
+              f"answered {len(answered)}/{len(rows)}, right {sum(r['weighted'] == r['truth'] for r in answered)}/"
+              f"{len(answered)}; majority@{K} right {sum(r['majority'] == r['truth'] for r in rows)}/{len(rows)}; "
+              f"1-NN right {sum(r['nn1'] == r['truth'] for r in rows)}/{len(rows)}; base rate right "
+              f"{sum(r['base'] == r['truth'] for r in rows)}/{len(rows)}; neighbours compared on every metric "
+              f"{sum(r['full'] for r in rows)}/{sum(r['k'] for r in rows)}; flagged no close match "
+              f"{sum(r['far'] for r in rows)}/{len(rows)}")
+        for task in sorted({r["task"] for r in rows}):
+            rs = [r for r in rows if r["task"] == task]
+            ans = [r for r in rs if r["weighted"]]
+            print(f"    {task:15} {len(rs):>3} queries: weighted {sum(r['weighted'] == r['truth'] for r in ans)}/"
+                  f"{len(ans)} right ({len(ans)} answered), 1-NN {sum(r['nn1'] == r['truth'] for r in rs)}/{len(rs)}, "
+                  f"base rate {sum(r['base'] == r['truth'] for r in rs)}/{len(rs)}")
+        for r in rows:
+            if r["weighted"] and r["weighted"] != r["truth"]:
+                print(f"      wrong: {r['run']} truth {r['truth']}, predicted {r['weighted']}")
 
 
 def majority(verdicts: list[str | None]) -> str | None:
@@ -193,6 +255,10 @@ def main() -> int:
         print(f"  cartpole_default_s1 -> cleanrl_ppo_cartpole ranks {pos} of {K} "
               f"({next((n.coverage for n in back.neighbours if n.name == 'cleanrl_ppo_cartpole'), 'not found')})")
         reg.close()
+        print("\nCross-framework, both labelled sets (SB3 and CleanRL sweeps) in one registry:")
+        both, runs = build_both(f"sqlite:///{tmp}/both.db")
+        cross_framework(both, runs)
+        both.close()
     return 0
 
 
