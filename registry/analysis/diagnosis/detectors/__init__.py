@@ -6,7 +6,8 @@ healthy range (``ctx.range``); windows scale with the run's length (``ctx.persis
 
 One module per layer of the metric a detector judges (``objective``, ``constraint``,
 ``diagnostic``; the constraint layer's clip-fraction detectors, its largest family, are in
-``clipping``), one for the detectors that read several metrics or settings together (``joint``),
+``clipping``, the objective layer's falling reward in ``reward_falls``), one for the detectors that
+read several metrics or settings together (``joint``),
 and ``excursions``, which runs after them all and turns brief KL and clip-fraction excursions that
 nothing followed into information. Every detector opens with ``Context.opening`` where it needs
 the usual series, point count and persistence, and builds its findings with ``Context.finding``.
@@ -34,11 +35,11 @@ from registry.analysis.diagnosis.detectors.diagnostic import (
 from registry.analysis.diagnosis.detectors.joint import JOINT_DETECTORS
 from registry.analysis.diagnosis.detectors.objective import (
     detect_advantage_drift,
-    detect_reward_drop,
     detect_reward_flat,
     detect_reward_slow,
     detect_reward_zero,
 )
+from registry.analysis.diagnosis.detectors.reward_falls import detect_reward_drop
 from registry.analysis.diagnosis.types import Finding
 
 DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.ranges import baseline_source
 from registry.analysis.diagnosis.signal import rank_corr, rolling_median
 from registry.analysis.diagnosis.types import Finding
 
@@ -57,6 +58,15 @@ class Rising:
     def words(self) -> str:
         return (f"{self.name} is still rising at its last logged step ({self.level_from:.4g} -> {self.level_to:.4g} "
                 f"over the last {self.points} points, rank correlation with time {self.corr:.2f})")
+
+
+def range_words(ctx: Context, name: str) -> str:
+    """How a finding names the reward range it measured against: "the task range" for the
+    dictionary's, "the range learned from the <task> baseline (n healthy runs)" for a baseline's
+    (its healthy bands, padded: where healthy runs were, not how far the task goes)."""
+    source = (ctx.ranges_used.get(name) or {}).get("source")
+    learned = ctx.baseline is not None and source == baseline_source(ctx.baseline)
+    return f"the range {source}" if learned else "the task range"
 
 
 def level_in_task_range(ctx: Context, name: str, value: float) -> float | None:
