@@ -104,6 +104,17 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_lr_2e-3_s16": ("Acrobot-v1", 16, 300_000, {"learning-rate": 2e-3}),
     "acrobot_lr_4e-3_s17": ("Acrobot-v1", 17, 300_000, {"learning-rate": 4e-3}),
     "acrobot_noanneal_lr_1e-3_s18": ("Acrobot-v1", 18, 300_000, {"anneal-lr": False, "learning-rate": 1e-3}),
+    # Batch 33: fresh default seeds, a clip coefficient 0.3, a negative entropy coefficient and a learning rate 80x on
+    # CartPole; a default seed and learning rates 8x and 16x on Acrobot.
+    "cartpole_default_s44": ("CartPole-v1", 44, 200_000, {}),
+    "cartpole_default_s45": ("CartPole-v1", 45, 200_000, {}),
+    "cartpole_default_s46": ("CartPole-v1", 46, 200_000, {}),
+    "cartpole_clip_0.3_s47": ("CartPole-v1", 47, 200_000, {"clip-coef": 0.3}),
+    "cartpole_ent_-0.2_s48": ("CartPole-v1", 48, 200_000, {"ent-coef": -0.2}),
+    "cartpole_lr_2e-2_s49": ("CartPole-v1", 49, 200_000, {"learning-rate": 2e-2}),
+    "acrobot_default_s19": ("Acrobot-v1", 19, 300_000, {}),
+    "acrobot_lr_2e-3_s20": ("Acrobot-v1", 20, 300_000, {"learning-rate": 2e-3}),
+    "acrobot_lr_4e-3_s21": ("Acrobot-v1", 21, 300_000, {"learning-rate": 4e-3}),
 }
 
 
