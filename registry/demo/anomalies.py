@@ -33,6 +33,12 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
     touched: list[str] = []
     detail: dict[str, Any] = {}
 
+    def below_ceiling(t: int) -> int:
+        """The last index up to ``t`` where the reward was still below 60% of its range: a stall that
+        shows has to happen before the task is solved (at its top a stalled reward is a solved task's)."""
+        below = np.flatnonzero(c[reward][: t + 1] < lo + 0.6 * (hi - lo))
+        return int(below[-1]) if below.size else t
+
     def freeze_reward(level: float | None = None, rel_noise: float = 1.0) -> None:
         y = c[reward]
         lvl = float(np.median(y[max(0, t - 5):t + 1])) if level is None else level
@@ -73,6 +79,8 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
         c["grad_norm"][t:] *= rng.uniform(2, 5)
         touched += ["clip_fraction", "grad_norm"]
     elif kind == "entropy_collapse":
+        # A control policy that commits once its task is solved is no failure: the collapse comes before.
+        t = below_ceiling(t) if algorithm == "ppo" else t
         cl = max(1, int(rng.uniform(0.003, 0.015) * n))
         f = rng.uniform(0.05, 0.25)
         shape = np.clip(ramp(n, t) * (n - 1 - t) / cl, 0, 1)
@@ -83,9 +91,7 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
         touched += ["entropy", std_m]
         detail["factor"] = f
     elif kind == "reward_std_zero":
-        # freeze the reward below its ceiling: move the start back to where it still was
-        below = np.flatnonzero(c[reward][: t + 1] < lo + 0.6 * (hi - lo))
-        t = int(below[-1]) if below.size else t
+        t = below_ceiling(t)
         level = float(np.median(c[reward][max(0, t - 5):t + 1]))
         freeze_reward(level, rel_noise=1.0)
         std_m = "reward_std" if algorithm == "grpo" else "episode_return_std"
@@ -109,8 +115,7 @@ def inject_anomaly(kind: str, rng: np.random.Generator, c: dict[str, np.ndarray]
     elif kind == "value_loss_flat":
         # A critic that stops learning leaves the advantages noise and the return stalls below its ceiling
         # (a flat value loss beside a return at the task's top is a solved task's, not a failing critic's).
-        below = np.flatnonzero(c[reward][: t + 1] < lo + 0.6 * (hi - lo))
-        t = int(below[-1]) if below.size else t
+        t = below_ceiling(t)
         freeze_reward()
         v = c["value_loss"]
         lvl = float(v[0:max(1, t + 1)].mean()) * rng.uniform(0.85, 1.15)

@@ -141,6 +141,9 @@ class DiagnosisSettings:
     plateau_frac: float = 0.3
     #: ... and is not still rising steadily (rank correlation with time below this).
     plateau_max_corr: float = 0.5
+    #: A plateau is information when the run's learning rate over it is at most this share of its peak
+    #: (annealed by its schedule) and no setting read from the run is far from its reference.
+    plateau_lr_annealed: float = 0.5
     #: A control run's reward is still rising at its last logged step when the rank correlation of its
     #: raw values with time over the last ``plateau_frac`` of the run is at least this (and its smoothed
     #: level ends higher than it began there). Raw, not smoothed: a rolling median of noise is

@@ -34,9 +34,10 @@ _INSTABILITY_WORDS = {"kl_spike": "KL spike", "kl_climb": "KL climb", "clip_high
                       "entropy_collapse": "entropy collapse"}
 
 
-def unstable_updates(ctx: Context, start: int, end: int) -> list[str]:
-    """The instability detectors with a warning (so far) over steps [start, end], in ``INSTABILITY``'s order."""
-    return [d for d in INSTABILITY if any(f.at_least("warning") for f in ctx.overlapping(d, start, end))]
+def unstable_updates(ctx: Context, start: int, end: int, severity: str = "warning") -> list[str]:
+    """The instability detectors with a finding of ``severity`` or worse (so far) over steps [start, end], in
+    ``INSTABILITY``'s order."""
+    return [d for d in INSTABILITY if any(f.at_least(severity) for f in ctx.overlapping(d, start, end))]
 
 
 def instability_words(detectors: list[str]) -> str:

@@ -17,7 +17,13 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import aftermath, level_in_task_range, top, unstable_updates
+from registry.analysis.diagnosis.detectors.common import (
+    aftermath,
+    instability_words,
+    level_in_task_range,
+    top,
+    unstable_updates,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,17 +151,23 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         end = c + (seg[0][1] if seg and seg[0][0] == 0 else 0)
         ratio = lvl_a / lvl_b
         start, stop = sr.step(max(a, c - 1)), sr.step_end(end)
-        learned = _learned_through(ctx, start, stop)
-        if learned is not None and not unstable_updates(ctx, start - aftermath(ctx), stop) \
-                and not _entropy_penalised(ctx):
-            r0, r1, r_end = learned
+        # Beside unstable updates a rising return does not clear a cliff (the updates may have caused it and
+        # the return may yet pay); a return that held the top of its task range to the end does, unless the
+        # updates beside it were critical (far past the healthy high: no mild excursion of a fast learner).
+        unstable = unstable_updates(ctx, start - aftermath(ctx), stop)
+        learned = None if unstable else _learned_through(ctx, start, stop)
+        if learned is None and not unstable_updates(ctx, start - aftermath(ctx), stop, "critical"):
+            learned = _held_at_top(ctx, start, stop)
+        if learned is not None and not _entropy_penalised(ctx):
+            words, evidence = learned
+            beside = (f"beside {instability_words(unstable)}: large updates, but" if unstable else
+                      "with no KL or clip-fraction warning over it:")
             found.append(ctx.finding(
                 "entropy_collapse", name, start, stop, "info",
-                f"entropy fell fast: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points, and the "
-                f"return kept rising after it, from {r0:.4g} to {r1:.4g}, and ended at {r_end:.4g}, with no KL or "
-                "clip-fraction warning over it: the policy sharpened as it learned",
+                f"entropy fell fast: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points, {words}, "
+                f"{beside} the policy sharpened as it learned",
                 evidence={"level_before": lvl_b, "level_after": lvl_a, "ratio": ratio, "cliff_step": sr.step(c),
-                          "reward_before": r0, "reward_after": r1, "reward_final": r_end, "learning": 1.0},
+                          "learning": 1.0, **evidence},
                 check=["the return, if it stops improving while the entropy keeps falling"],
                 related=["kl_old_mean", "clip_fraction"]))
             continue
@@ -182,13 +194,13 @@ def _entropy_penalised(ctx: Context) -> bool:
     return ent is not None and ent < 0
 
 
-def _learned_through(ctx: Context, start: int, end: int) -> tuple[float, float, float] | None:
-    """(return just after steps [start, end], return a window later, return at the end) when a
-    control run's return kept rising after them, by ``sharpen_rise_noise_k`` times its noise, and held
-    that level to its last point; None otherwise, and for language-model runs, whose entropy collapsing
-    while the reward climbs is the failure itself (a policy that stops exploring plateaus soon after).
-    What follows the cliff is what tells a policy that sharpened on what it learned from one that lost
-    its exploration: a return that stops there is the second."""
+def _learned_through(ctx: Context, start: int, end: int) -> tuple[str, dict[str, float]] | None:
+    """What the return did after steps [start, end] (words and evidence) when a control run's return
+    kept rising after them, by ``sharpen_rise_noise_k`` times its noise, and held that level to its last
+    point; None otherwise, and for language-model runs, whose entropy collapsing while the reward climbs
+    is the failure itself (a policy that stops exploring plateaus soon after). What follows the cliff is
+    what tells a policy that sharpened on what it learned from one that lost its exploration: a return
+    that stops there is the second."""
     rname = ctx.first("reward")
     if rname is None or ctx.run_kind != "control":
         return None
@@ -204,7 +216,33 @@ def _learned_through(ctx: Context, start: int, end: int) -> tuple[float, float, 
     r_end = float(np.median(sign * sr.y[-need:]))
     if r1 <= r0 + ctx.s.sharpen_rise_noise_k * noise or r_end < r1 - noise:
         return None
-    return sign * r0, sign * r1, sign * r_end
+    r0, r1, r_end = sign * r0, sign * r1, sign * r_end
+    return (f"and the return kept rising after it, from {r0:.4g} to {r1:.4g}, and ended at {r_end:.4g}",
+            {"reward_before": r0, "reward_after": r1, "reward_final": r_end})
+
+
+def _held_at_top(ctx: Context, start: int, end: int) -> tuple[str, dict[str, float]] | None:
+    """What the return did around steps [start, end] (words and evidence) when a control run's return
+    was already at the top of its task range (``flat_max_level`` or above) over its last updates before
+    them and still was over its last ones; None otherwise. A policy that has solved its task has no reason
+    to stay random: its entropy falling then is the policy committing to what it learned (the return
+    cannot keep rising, so ``_learned_through`` cannot show it)."""
+    rname = ctx.first("reward")
+    if rname is None or ctx.run_kind != "control":
+        return None
+    sr = ctx.series(rname)
+    need = ctx.persist(sr.n)
+    # Its last updates before the cliff: a window's median would trail a return still climbing to the top.
+    i = int(np.searchsorted(sr.steps, start))
+    if i < need:
+        return None
+    before = _return_at_top(ctx, sr.step(i - need), sr.step_end(i - 1))
+    final = _return_at_top(ctx, sr.step(max(0, sr.n - need)), sr.step_end(sr.n - 1))
+    if before is None or final is None:
+        return None
+    return (f"while the return was already at {before[0]:.4g} ({100 * before[1]:.0f}% of the task range) and "
+            f"held there to the end ({final[0]:.4g})",
+            {"reward_before": before[0], "reward_final": final[0], "reward_level_in_range": before[1]})
 
 
 def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
@@ -225,8 +263,13 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
     st = ctx.s
     out = []
     for rf in ctx.findings:
-        if rf.detector != "reward_flat" or not rf.at_least("warning") or ctx.overlapping(
+        if rf.detector not in ("reward_flat", "reward_drop") or not rf.at_least("warning") or ctx.overlapping(
                 "entropy_collapse", rf.start, rf.end):
+            continue
+        if _entropy_penalised(ctx):
+            out += _narrowed_by_penalty(ctx, name, sr, rf)
+            continue
+        if rf.detector != "reward_flat":
             continue
         lo, hi = np.searchsorted(sr.raw_steps, [rf.start, rf.end + 1])
         steps, v = sr.raw_steps[lo:hi], sr.raw_values[lo:hi]
@@ -257,6 +300,39 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
                    "empty, or add an entropy bonus",
             detected_at=int(steps[crossed]), related=["episode_return_mean", "explained_variance"]))
     return out
+
+
+def _narrowed_by_penalty(ctx: Context, name: str, sr, rf: Finding) -> list[Finding]:
+    """The entropy's steady fall from the run's start to under ``narrowing_entropy_frac`` of it by the end
+    of ``rf`` (a reward that stopped improving or slid back), in a run whose negative entropy coefficient
+    rewards determinism: the setting drove the policy narrow and the reward shows the cost. Measured from
+    the start, not over ``rf``'s stretch: the narrowing happens while the return still rises, and the
+    plateau or slide comes after it."""
+    st = ctx.s
+    hi = int(np.searchsorted(sr.raw_steps, rf.end + 1))
+    v, steps = sr.raw_values[:hi], sr.raw_steps[:hi]
+    if v.size < st.min_points_to_judge:
+        return []
+    k = ctx.early(v.size)
+    e0 = float(np.median(v[:ctx.persist(sr.n)]))
+    e1 = float(np.median(v[-k:]))
+    if e0 <= TINY or e1 <= 0 or e1 > st.narrowing_entropy_frac * e0:
+        return []
+    smooth = rolling_median(v, k, "trailing")
+    began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
+    crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
+    what = "stopped improving" if rf.detector == "reward_flat" else "slid back"
+    return [ctx.finding(
+        "entropy_collapse", name, int(steps[began]), rf.end, "warning",
+        f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) under "
+        f"{ctx.hp.get('ent_coef').describe()}, which rewards determinism, and the reward {what} "
+        f"(steps {rf.start}-{rf.end})",
+        evidence={"level_before": e0, "level_after": e1, "ratio": e1 / e0, "gradual": 1.0,
+                  "threshold_frac": st.narrowing_entropy_frac},
+        causes=["a negative entropy coefficient pushes the policy to determinism"],
+        check=["entropy coefficient", "the return after the narrowing"],
+        action="restart with a non-negative entropy coefficient",
+        detected_at=int(steps[crossed]), related=["episode_return_mean"])]
 
 
 # ---------------------------------------------------------------------------------------

@@ -66,13 +66,25 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     after = ctx.values_between(reward, end + 1, end + window)
     if min(after.size, before.size) < need:
         return False
-    noise = noise_sigma(ctx.values_between(reward, start - window, end + window))
     if not ctx.higher_is_better(reward):
         before, after = -before, -after
-    if float(np.median(after)) < float(np.median(before)) - noise:
+    fallen = _loss_that_counts(ctx, reward, start - window, end + window)
+    if float(np.median(after)) < float(np.median(before)) - fallen:
         return False
     tol = int(st.joint_overlap_frac * ctx.span)
     return not any(g not in episode and g.at_least("warning") and g.end >= start - tol for g in findings)
+
+
+def _loss_that_counts(ctx: Context, reward: str, start: int, end: int) -> float:
+    """How far the reward must sit below its level before an excursion for it to have fallen: its noise
+    over steps [start, end], and with a task range at least ``regress_min_range_frac`` of its width (the
+    loss a slide back must have to count: a windowed episode mean is smooth, and a point lower than before
+    on a 500-point range is no fall)."""
+    noise = noise_sigma(ctx.values_between(reward, start, end))
+    low, high = ctx.range(reward)
+    if low is None or high is None or high <= low:
+        return noise
+    return max(noise, ctx.s.regress_min_range_frac * (high - low))
 
 
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:

@@ -210,7 +210,11 @@ def _entropy_kept(ctx: Context, reward: Series, p: int) -> tuple[float, float] |
     if name is None:
         return None
     e = ctx.early(p)
-    early = ctx.median_between(name, reward.step(0), reward.step_end(e - 1))
+    # As it started: its first few updates, not the early window's median (over a long run's first 15%
+    # a policy that learns has already sharpened, and "as random as that" would be a learned policy).
+    first = ctx.values_between(name, reward.step(0), reward.step_end(e - 1))
+    first = first[:ctx.persist(ctx.series(name).n)]
+    early = float(np.median(first)) if first.size else None
     late = ctx.median_between(name, reward.step(p - e), reward.step_end(p - 1))
     if early is None or late is None or early <= TINY or late <= TINY:
         return None  # a Gaussian policy's entropy can be negative: a ratio would mean nothing
@@ -247,11 +251,25 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
     if rank_corr(seg) >= st.plateau_max_corr:
         return []                            # still rising steadily, only slowly: not a plateau yet
     start = sr.step(n - tail)
+    held = sign * float(np.median(y[-max(1, tail // 4):]))
+    annealed = _annealed_with_default_settings(ctx, start, sr.step_end(n - 1))
+    if annealed is not None:
+        return [ctx.finding(
+            "reward_flat", name, start, sr.step_end(n - 1), "info",
+            f"reward held at {held:.4g} ({100 * level:.0f}% of the task range) over the last {tail * sr.bin_size} "
+            f"points while the learning rate was annealed to {100 * annealed:.0f}% of its peak (median over that "
+            "stretch), with no setting far from its reference: the schedule slows late progress, and only healthy "
+            "runs of this task (a baseline) can tell whether this level is low",
+            evidence={"plateau_level": held, "level_in_range": level, "improvement": gain,
+                      "plateau_points": tail * sr.bin_size, "learning_rate_share": annealed,
+                      "range_low": low, "range_high": high},
+            check=["the same task's healthy runs (a baseline): did they end higher?"],
+            layer=ctx.layer(name))]
     return [ctx.finding(
         "reward_flat", name, start, sr.step_end(n - 1), "warning",
-        f"reward stopped improving at {sign * float(np.median(y[-max(1, tail // 4):])):.4g} ({100 * level:.0f}% of "
+        f"reward stopped improving at {held:.4g} ({100 * level:.0f}% of "
         f"the task range) over the last {tail * sr.bin_size} points ({100 * gain:.1f}% of the range gained)",
-        evidence={"plateau_level": sign * float(np.median(y[-max(1, tail // 4):])), "level_in_range": level,
+        evidence={"plateau_level": held, "level_in_range": level,
                   "improvement": gain, "plateau_points": tail * sr.bin_size,
                   "range_low": low, "range_high": high},
         causes=["exploration that stays too high (an entropy bonus that keeps the policy random)",
@@ -261,6 +279,25 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
                "runs of the same task that succeeded (baseline)"],
         action="compare the settings with a configuration that solved this task",
         detected_at=sr.step_end(n - 1), layer=ctx.layer(name))]
+
+
+def _annealed_with_default_settings(ctx: Context, start: int, end: int) -> float | None:
+    """The learning rate's median over steps [start, end] as a share of its peak, when the run's schedule
+    had annealed it to ``plateau_lr_annealed`` of that peak or below and no setting read from the run is
+    far from its reference; None otherwise. A reference configuration whose learning rate is running out
+    slows by design (CleanRL anneals it linearly to zero): its own curves cannot tell that from a plateau.
+    A setting far off (a short discount, a single epoch) is evidence the plateau is that setting's doing."""
+    name = ctx.first("learning_rate")
+    if name is None or ctx.hp is None or not ctx.hp.settings:
+        return None
+    if any(s.off(ctx.s.cause_setting_factor) for s in ctx.hp.settings.values()):
+        return None
+    lr = ctx.values_between(name, start, end)
+    peak = float(np.max(ctx.series(name).y))
+    if lr.size == 0 or peak <= TINY:
+        return None
+    share = float(np.median(lr)) / peak
+    return share if share <= ctx.s.plateau_lr_annealed else None
 
 
 def detect_reward_slow(ctx: Context) -> list[Finding]:
