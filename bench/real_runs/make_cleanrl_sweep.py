@@ -115,6 +115,17 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_default_s19": ("Acrobot-v1", 19, 300_000, {}),
     "acrobot_lr_2e-3_s20": ("Acrobot-v1", 20, 300_000, {"learning-rate": 2e-3}),
     "acrobot_lr_4e-3_s21": ("Acrobot-v1", 21, 300_000, {"learning-rate": 4e-3}),
+    # Batch 34: fresh default seeds, negative entropy coefficients -0.1 and -0.3 and a learning rate 80x on CartPole;
+    # a default seed, a negative entropy coefficient and learning rates 16x and 32x on Acrobot.
+    "cartpole_default_s50": ("CartPole-v1", 50, 200_000, {}),
+    "cartpole_default_s51": ("CartPole-v1", 51, 200_000, {}),
+    "cartpole_ent_-0.1_s52": ("CartPole-v1", 52, 200_000, {"ent-coef": -0.1}),
+    "cartpole_ent_-0.3_s53": ("CartPole-v1", 53, 200_000, {"ent-coef": -0.3}),
+    "cartpole_lr_2e-2_s54": ("CartPole-v1", 54, 200_000, {"learning-rate": 2e-2}),
+    "acrobot_default_s22": ("Acrobot-v1", 22, 300_000, {}),
+    "acrobot_ent_-0.1_s23": ("Acrobot-v1", 23, 300_000, {"ent-coef": -0.1}),
+    "acrobot_lr_4e-3_s24": ("Acrobot-v1", 24, 300_000, {"learning-rate": 4e-3}),
+    "acrobot_lr_8e-3_s25": ("Acrobot-v1", 25, 300_000, {"learning-rate": 8e-3}),
 }
 
 
