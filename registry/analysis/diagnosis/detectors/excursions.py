@@ -76,15 +76,21 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
 
 
 def _loss_that_counts(ctx: Context, reward: str, start: int, end: int) -> float:
-    """How far the reward must sit below its level before an excursion for it to have fallen: its noise
-    over steps [start, end], and with a task range at least ``regress_min_range_frac`` of its width (the
-    loss a slide back must have to count: a windowed episode mean is smooth, and a point lower than before
-    on a 500-point range is no fall)."""
+    """How far the reward must sit below its level before an excursion (steps [start, end] around it) for
+    it to have fallen: its noise there, and with a task range at least ``regress_min_range_frac`` of what the
+    run had gained before it (capped by the range's width): the loss a slide back must have to count. A
+    windowed episode mean is smooth, so its noise alone calls a point lower on a 500-point range a fall;
+    the gain, not the range, is the scale because a task range can be far wider than what runs reach
+    (Pendulum's [-3255, 0] against -1200 -> -200)."""
     noise = noise_sigma(ctx.values_between(reward, start, end))
     low, high = ctx.range(reward)
     if low is None or high is None or high <= low:
         return noise
-    return max(noise, ctx.s.regress_min_range_frac * (high - low))
+    sr = ctx.series(reward)
+    sign = 1.0 if ctx.higher_is_better(reward) else -1.0
+    y = sign * sr.y[:max(1, int(np.searchsorted(sr.steps, start)))]
+    gain = float(np.max(y)) - float(np.median(y[:ctx.early(sr.n)]))
+    return max(noise, ctx.s.regress_min_range_frac * min(high - low, max(gain, 0.0)))
 
 
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:
