@@ -126,6 +126,14 @@ SWEEP: dict[str, tuple[str, int, int, dict]] = {
     "acrobot_ent_-0.1_s23": ("Acrobot-v1", 23, 300_000, {"ent-coef": -0.1}),
     "acrobot_lr_4e-3_s24": ("Acrobot-v1", 24, 300_000, {"learning-rate": 4e-3}),
     "acrobot_lr_8e-3_s25": ("Acrobot-v1", 25, 300_000, {"learning-rate": 8e-3}),
+    # Batch 35: fresh default seeds and negative entropy coefficients -0.15, -0.2 and -0.4 on CartPole; a negative
+    # entropy coefficient -0.3 on Acrobot.
+    "cartpole_default_s55": ("CartPole-v1", 55, 200_000, {}),
+    "cartpole_default_s56": ("CartPole-v1", 56, 200_000, {}),
+    "cartpole_ent_-0.15_s57": ("CartPole-v1", 57, 200_000, {"ent-coef": -0.15}),
+    "cartpole_ent_-0.2_s58": ("CartPole-v1", 58, 200_000, {"ent-coef": -0.2}),
+    "cartpole_ent_-0.4_s59": ("CartPole-v1", 59, 200_000, {"ent-coef": -0.4}),
+    "acrobot_ent_-0.3_s26": ("Acrobot-v1", 26, 300_000, {"ent-coef": -0.3}),
 }
 
 
