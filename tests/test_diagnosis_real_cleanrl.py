@@ -24,6 +24,10 @@ PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem
 HEALTHY_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "healthy")
 #: Labelled problems the diagnosis misses without a baseline (reported by bench/diagnose_real.py); strict.
 KNOWN_MISSES = {
+    "cartpole_default_s51": "its fall from 413 to 284 over the last 20k steps (a third of its gain) is not found: the "
+                            "slide is still under way at the last point, too short for a fall to persist",
+    "cartpole_ent_-0.1_s52": "its return's slide is found with the labelled cause, not the entropy's narrowing to "
+                             "0.33: 52% of its first updates' 0.63, above the half a narrowing must reach",
     "cartpole_ent_0.5_s9": "its return held at 110-168 is found as a drop (160 -> 128 at the end), not as the low "
                            "plateau its label lists: only a baseline says how low it is",
 }
@@ -196,9 +200,10 @@ def test_a_kl_spike_followed_by_a_return_a_point_lower_is_information(registry):
 
 
 def test_an_entropy_narrowed_by_a_negative_coefficient_is_found_beside_the_returns_cost(registry):
-    """A negative entropy coefficient drives the entropy from 0.63 to 0.29 (s8, -0.1) and 0.19 (s48, -0.2) while
-    the return slides back or stalls: the narrowing is measured from the run's start and named with the setting."""
-    for name in ("cartpole_ent_-0.1_s8", "cartpole_ent_-0.2_s48"):
+    """A negative entropy coefficient drives the entropy from 0.63 to 0.29 (s8, -0.1), 0.19 (s48, -0.2) and 0.12
+    (s53, -0.3) while the return slides back, stalls or rises slowly: the narrowing is measured from the run's start
+    and named with the setting."""
+    for name in ("cartpole_ent_-0.1_s8", "cartpole_ent_-0.2_s48", "cartpole_ent_-0.3_s53"):
         d = diagnose_run(registry, name, use_baseline=False)
         (narrow,) = [f for f in d.by_detector("entropy_collapse") if f.evidence.get("gradual")]
         assert narrow.severity == "warning" and narrow.cause == "ent_coef_negative"

@@ -52,8 +52,8 @@ DETECTORS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("reward_zero", detect_reward_zero),
     ("reward_drop", detect_reward_drop),
     ("reward_flat", detect_reward_flat),
-    ("entropy_collapse", detect_entropy_narrowing),     # reads reward_flat's findings
     ("reward_slow", detect_reward_slow),                # reads the clip fraction's and the reward's
+    ("entropy_collapse", detect_entropy_narrowing),     # reads the reward's findings (flat, slid back, slow)
     ("length_hacking", detect_length_hacking),
     ("value_loss_flat", detect_value_loss_flat),
     ("signal_collapse", detect_signal_collapse),

@@ -254,7 +254,7 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
     entropy ended below ``narrowing_entropy_frac`` of its start. Such a policy is losing its
     exploration without having learned, so training on is unlikely to find the reward. A cliff is left to
     :func:`detect_entropy_collapse`; an entropy at or below zero (a Gaussian policy's) gives no
-    ratio, and then nothing is said. Runs after ``detect_reward_flat``.
+    ratio, and then nothing is said. Runs after the reward detectors (flat, drop, slow).
     """
     found = ctx.first_series("entropy")
     if found is None:
@@ -263,8 +263,8 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
     st = ctx.s
     out = []
     for rf in ctx.findings:
-        if rf.detector not in ("reward_flat", "reward_drop") or not rf.at_least("warning") or ctx.overlapping(
-                "entropy_collapse", rf.start, rf.end):
+        if rf.detector not in _REWARD_SHORTFALLS or not rf.at_least("warning") or ctx.overlapping(
+                "entropy_collapse", rf.start, rf.end) or any(f.evidence.get("gradual") for f in out):
             continue
         if _entropy_penalised(ctx):
             out += _narrowed_by_penalty(ctx, name, sr, rf)
@@ -302,10 +302,14 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
     return out
 
 
+#: Reward findings a narrowing is judged beside: one that stopped improving, slid back, or rose slowly.
+_REWARD_SHORTFALLS = ("reward_flat", "reward_drop", "reward_slow")
+
+
 def _narrowed_by_penalty(ctx: Context, name: str, sr, rf: Finding) -> list[Finding]:
     """The entropy's steady fall from the run's start to under ``narrowing_entropy_frac`` of it by the end
-    of ``rf`` (a reward that stopped improving or slid back), in a run whose negative entropy coefficient
-    rewards determinism: the setting drove the policy narrow and the reward shows the cost. Measured from
+    of ``rf`` (a reward that stopped improving, slid back or rose slowly), in a run whose negative entropy
+    coefficient rewards determinism: the setting drove the policy narrow and the reward shows the cost. Measured from
     the start, not over ``rf``'s stretch: the narrowing happens while the return still rises, and the
     plateau or slide comes after it."""
     st = ctx.s
@@ -321,7 +325,7 @@ def _narrowed_by_penalty(ctx: Context, name: str, sr, rf: Finding) -> list[Findi
     smooth = rolling_median(v, k, "trailing")
     began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
     crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
-    what = "stopped improving" if rf.detector == "reward_flat" else "slid back"
+    what = {"reward_flat": "stopped improving", "reward_drop": "slid back", "reward_slow": "rose slowly"}[rf.detector]
     return [ctx.finding(
         "entropy_collapse", name, int(steps[began]), rf.end, "warning",
         f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) under "

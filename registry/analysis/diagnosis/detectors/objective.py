@@ -250,14 +250,19 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
         return []
     if rank_corr(seg) >= st.plateau_max_corr:
         return []                            # still rising steadily, only slowly: not a plateau yet
+    last, best = float(np.median(y[n - max(1, tail // 4):])), float(np.max(seg))
+    gained = best - float(np.median(y[:ctx.early(n)]))
+    if gained > 0 and best - last >= st.drop_frac * gained:
+        return []        # fallen at the end by what a slide must lose, not holding: that is the falls detector's
     start = sr.step(n - tail)
     held = sign * float(np.median(y[-max(1, tail // 4):]))
     annealed = _annealed_with_default_settings(ctx, start, sr.step_end(n - 1))
     if annealed is not None:
         return [ctx.finding(
             "reward_flat", name, start, sr.step_end(n - 1), "info",
-            f"reward held at {held:.4g} ({100 * level:.0f}% of the task range) over the last {tail * sr.bin_size} "
-            f"points while the learning rate was annealed to {100 * annealed:.0f}% of its peak (median over that "
+            f"reward stopped improving at {held:.4g} ({100 * level:.0f}% of the task range) over the last "
+            f"{tail * sr.bin_size} points ({100 * gain:.1f}% of the range gained) while the learning rate was "
+            f"annealed to {100 * annealed:.0f}% of its peak (median over that "
             "stretch), with no setting far from its reference: the schedule slows late progress, and only healthy "
             "runs of this task (a baseline) can tell whether this level is low",
             evidence={"plateau_level": held, "level_in_range": level, "improvement": gain,
