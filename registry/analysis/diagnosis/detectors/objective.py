@@ -255,7 +255,7 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
     if gained > 0 and best - last >= st.drop_frac * gained:
         return []        # fallen at the end by what a slide must lose, not holding: that is the falls detector's
     start = sr.step(n - tail)
-    held = sign * float(np.median(y[-max(1, tail // 4):]))
+    held = sign * last
     annealed = _annealed_with_default_settings(ctx, start, sr.step_end(n - 1))
     if annealed is not None:
         return [ctx.finding(
