@@ -40,8 +40,8 @@ def unstable_updates(ctx: Context, start: int, end: int, severity: str = "warnin
     return [d for d in INSTABILITY if any(f.at_least(severity) for f in ctx.overlapping(d, start, end))]
 
 
-def instability_words(detectors: list[str]) -> str:
-    return " and ".join(_INSTABILITY_WORDS[d] for d in detectors) + " warnings"
+def instability_words(detectors: list[str], noun: str = "warnings") -> str:
+    return " and ".join(_INSTABILITY_WORDS[d] for d in detectors) + f" {noun}"
 
 
 @dataclass(frozen=True)

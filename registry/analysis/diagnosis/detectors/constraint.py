@@ -160,7 +160,8 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
             learned = _held_at_top(ctx, start, stop)
         if learned is not None and not _entropy_penalised(ctx):
             words, evidence = learned
-            beside = (f"beside {instability_words(unstable)}: large updates, but" if unstable else
+            # "findings", not "warnings": a KL spike that nothing followed becomes information afterwards.
+            beside = (f"beside {instability_words(unstable, 'findings')}: large updates, but" if unstable else
                       "with no KL or clip-fraction warning over it:")
             found.append(ctx.finding(
                 "entropy_collapse", name, start, stop, "info",
