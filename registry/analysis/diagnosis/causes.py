@@ -438,7 +438,7 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     to a cause: named by elimination, at the naming bar and no higher (the run says only that nothing
     else it records differs). None when no setting, or more than one, is far off, and when that setting
     pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
-    off = [s for s in hp.settings.values() if s.off(ctx.s.cause_setting_factor)]
+    off = hp.off_reference(ctx.s.cause_setting_factor)
     if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
         return None
     s = off[0]

@@ -281,6 +281,10 @@ class RunSettings:
         s = self.settings.get(knob)
         return None if s is None else s.value
 
+    def off_reference(self, factor: float) -> list[Setting]:
+        """The settings read from the run that are far from their reference (:meth:`Setting.off`)."""
+        return [s for s in self.settings.values() if s.off(factor)]
+
     def at_framework_defaults(self, required: Sequence[str], factor: float) -> list[Setting] | None:
         """Every setting read from the run, when ``required`` are among them and none is ``factor`` or
         more off its framework's default (the healthy runs' median is not asked: the question is

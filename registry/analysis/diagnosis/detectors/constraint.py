@@ -154,9 +154,10 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         # Beside unstable updates a rising return does not clear a cliff (the updates may have caused it and
         # the return may yet pay); a return that held the top of its task range to the end does, unless the
         # updates beside it were critical (far past the healthy high: no mild excursion of a fast learner).
-        unstable = unstable_updates(ctx, start - aftermath(ctx), stop)
+        since = start - aftermath(ctx)
+        unstable = unstable_updates(ctx, since, stop)
         learned = None if unstable else _learned_through(ctx, start, stop)
-        if learned is None and not unstable_updates(ctx, start - aftermath(ctx), stop, "critical"):
+        if learned is None and not unstable_updates(ctx, since, stop, "critical"):
             learned = _held_at_top(ctx, start, stop)
         if learned is not None and not _entropy_penalised(ctx):
             words, evidence = learned
@@ -246,6 +247,10 @@ def _held_at_top(ctx: Context, start: int, end: int) -> tuple[str, dict[str, flo
             {"reward_before": before[0], "reward_final": final[0], "reward_level_in_range": before[1]})
 
 
+#: Reward findings a narrowing is judged beside: one that stopped improving, slid back, or rose slowly.
+_REWARD_SHORTFALLS = ("reward_flat", "reward_drop", "reward_slow")
+
+
 def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
     """A policy whose entropy fell steadily, with no cliff, to under half its start while its reward
     never improved.
@@ -272,22 +277,14 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
             continue
         if rf.detector != "reward_flat":
             continue
-        lo, hi = np.searchsorted(sr.raw_steps, [rf.start, rf.end + 1])
-        steps, v = sr.raw_steps[lo:hi], sr.raw_values[lo:hi]
-        if v.size < st.min_points_to_judge:
+        fell = _steady_fall(ctx, sr, rf.start, rf.end)
+        if fell is None:
             continue
-        k = ctx.early(v.size)
-        e0, e1 = float(np.median(v[:k])), float(np.median(v[-k:]))
-        if e0 <= TINY or e1 <= 0 or e1 > st.narrowing_entropy_frac * e0:
-            continue
-        smooth = rolling_median(v, k, "trailing")
-        # From where the narrowing began (a tenth of the way down) to the end of the flat stretch.
-        began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
-        crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
+        e0, e1, began, crossed = fell
         r0, r1 = rf.evidence.get("early_level"), rf.evidence.get("late_level")
         reward = f" ({r0:.4g} -> {r1:.4g})" if r0 is not None and r1 is not None else ""
         out.append(ctx.finding(
-            "entropy_collapse", name, int(steps[began]), rf.end, "warning",
+            "entropy_collapse", name, began, rf.end, "warning",
             f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) while the reward "
             f"stayed flat{reward}: the policy is narrowing without learning",
             evidence={"level_before": e0, "level_after": e1, "ratio": e1 / e0, "gradual": 1.0,
@@ -299,45 +296,54 @@ def detect_entropy_narrowing(ctx: Context) -> list[Finding]:
                    "how often a non-zero reward is seen", "entropy coefficient"],
             action="restart rather than resume (the policy explores less and less): fix what keeps the advantages "
                    "empty, or add an entropy bonus",
-            detected_at=int(steps[crossed]), related=["episode_return_mean", "explained_variance"]))
+            detected_at=crossed, related=["episode_return_mean", "explained_variance"]))
     return out
 
 
-#: Reward findings a narrowing is judged beside: one that stopped improving, slid back, or rose slowly.
-_REWARD_SHORTFALLS = ("reward_flat", "reward_drop", "reward_slow")
+def _steady_fall(ctx: Context, sr, start: int | None, end: int) -> tuple[float, float, int, int] | None:
+    """(start level, end level, step the fall began, step it crossed ``narrowing_entropy_frac`` of the start)
+    of the entropy's raw values over steps [start, end] when it ended below that fraction of its start; None
+    otherwise or with too few points. The start level is the stretch's early part, or with ``start`` None the
+    run's first updates (a narrowing measured from where the policy began); the fall began a tenth of the way
+    down."""
+    st = ctx.s
+    lo, hi = np.searchsorted(sr.raw_steps, [-2**62 if start is None else start, end + 1])
+    steps, v = sr.raw_steps[lo:hi], sr.raw_values[lo:hi]
+    if v.size < st.min_points_to_judge:
+        return None
+    k = ctx.early(v.size)
+    e0 = float(np.median(v[:ctx.persist(sr.n) if start is None else k]))
+    e1 = float(np.median(v[-k:]))
+    if e0 <= TINY or e1 <= 0 or e1 > st.narrowing_entropy_frac * e0:
+        return None
+    smooth = rolling_median(v, k, "trailing")
+    began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
+    crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
+    return e0, e1, int(steps[began]), int(steps[crossed])
 
 
 def _narrowed_by_penalty(ctx: Context, name: str, sr, rf: Finding) -> list[Finding]:
     """The entropy's steady fall from the run's start to under ``narrowing_entropy_frac`` of it by the end
     of ``rf`` (a reward that stopped improving, slid back or rose slowly), in a run whose negative entropy
-    coefficient rewards determinism: the setting drove the policy narrow and the reward shows the cost. Measured from
-    the start, not over ``rf``'s stretch: the narrowing happens while the return still rises, and the
+    coefficient rewards determinism: the setting drove the policy narrow and the reward shows the cost. Measured
+    from the start, not over ``rf``'s stretch: the narrowing happens while the return still rises, and the
     plateau or slide comes after it."""
-    st = ctx.s
-    hi = int(np.searchsorted(sr.raw_steps, rf.end + 1))
-    v, steps = sr.raw_values[:hi], sr.raw_steps[:hi]
-    if v.size < st.min_points_to_judge:
+    fell = _steady_fall(ctx, sr, None, rf.end)
+    if fell is None:
         return []
-    k = ctx.early(v.size)
-    e0 = float(np.median(v[:ctx.persist(sr.n)]))
-    e1 = float(np.median(v[-k:]))
-    if e0 <= TINY or e1 <= 0 or e1 > st.narrowing_entropy_frac * e0:
-        return []
-    smooth = rolling_median(v, k, "trailing")
-    began = int(np.argmax(smooth <= e0 - 0.1 * (e0 - e1)))
-    crossed = int(np.argmax(smooth <= st.narrowing_entropy_frac * e0))
+    e0, e1, began, crossed = fell
     what = {"reward_flat": "stopped improving", "reward_drop": "slid back", "reward_slow": "rose slowly"}[rf.detector]
     return [ctx.finding(
-        "entropy_collapse", name, int(steps[began]), rf.end, "warning",
+        "entropy_collapse", name, began, rf.end, "warning",
         f"entropy fell steadily {e0:.3g} -> {e1:.3g} ({100 * e1 / e0:.0f}% of its start) under "
         f"{ctx.hp.get('ent_coef').describe()}, which rewards determinism, and the reward {what} "
         f"(steps {rf.start}-{rf.end})",
         evidence={"level_before": e0, "level_after": e1, "ratio": e1 / e0, "gradual": 1.0,
-                  "threshold_frac": st.narrowing_entropy_frac},
+                  "threshold_frac": ctx.s.narrowing_entropy_frac},
         causes=["a negative entropy coefficient pushes the policy to determinism"],
         check=["entropy coefficient", "the return after the narrowing"],
         action="restart with a non-negative entropy coefficient",
-        detected_at=int(steps[crossed]), related=["episode_return_mean"])]
+        detected_at=crossed, related=["episode_return_mean"])]
 
 
 # ---------------------------------------------------------------------------------------

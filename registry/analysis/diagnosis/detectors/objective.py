@@ -244,13 +244,14 @@ def _reward_plateau(ctx: Context, name: str, sr, y: np.ndarray, sign: float, low
         return []
     s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
     seg = s[n - tail:]
+    last = float(np.median(y[n - max(1, tail // 4):]))
     gain = (float(np.max(seg[-max(1, tail // 4):])) - float(seg[0])) / width
-    level = (float(np.median(y[n - max(1, tail // 4):])) - low) / width
+    level = (last - low) / width
     if gain >= st.flat_min_improvement or level >= st.flat_max_level:
         return []
     if rank_corr(seg) >= st.plateau_max_corr:
         return []                            # still rising steadily, only slowly: not a plateau yet
-    last, best = float(np.median(y[n - max(1, tail // 4):])), float(np.max(seg))
+    best = float(np.max(seg))
     gained = best - float(np.median(y[:ctx.early(n)]))
     if gained > 0 and best - last >= st.drop_frac * gained:
         return []        # fallen at the end by what a slide must lose, not holding: that is the falls detector's
@@ -295,7 +296,7 @@ def _annealed_with_default_settings(ctx: Context, start: int, end: int) -> float
     name = ctx.first("learning_rate")
     if name is None or ctx.hp is None or not ctx.hp.settings:
         return None
-    if any(s.off(ctx.s.cause_setting_factor) for s in ctx.hp.settings.values()):
+    if ctx.hp.off_reference(ctx.s.cause_setting_factor):
         return None
     lr = ctx.values_between(name, start, end)
     peak = float(np.max(ctx.series(name).y))
