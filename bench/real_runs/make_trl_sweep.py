@@ -1,0 +1,174 @@
+"""Train the labelled real TRL GRPO run set: TRL's own ``GRPOTrainer`` on a tiny task, over a sweep.
+
+The model, tokenizer and prompts are those of ``tests/data/real/make/trl_grpo_tiny.py`` (a random
+2-layer Qwen2 built from a config, a character-level tokenizer, one-digit additions), built
+locally with nothing downloaded. The rewards here are made for a task that can be learned in a few
+hundred CPU steps, so that healthy runs exist beside the failures:
+
+* ``accuracy_reward``: 1.0 when the sum appears in the completion;
+* ``stop_reward``: 1.0 - (tokens used) / (tokens allowed) when the completion ended with its
+  end-of-sequence token, 0.0 when it was cut at the maximum length (a random model is cut at 16
+  tokens about 70% of the time, so a healthy run learns to stop and its truncation share falls).
+
+Each run writes the Trainer's TensorBoard layout, ``runs/<time>_<host>/events.out.tfevents.*``
+(with the ``args`` text summary holding the GRPOConfig), and ``config.json`` (the GRPOConfig) into
+``tests/data/real/trl_sweep/<run>/``; no checkpoint is kept. A run whose directory already holds
+an event file is skipped.
+
+The sweep is in :data:`SWEEP`. Labels are *not* written here: they come from looking at the
+curves afterwards (``labels.yaml`` beside the runs, with the observation per run).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/real_runs/make_trl_sweep.py [--only NAME ...] [--list]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "data" / "real" / "trl_sweep"
+sys.path.insert(0, str(ROOT / "tests" / "data" / "real" / "make"))
+
+#: Settings every run shares (GRPOConfig arguments); a run's own settings go on top.
+BASE = {"max_steps": 300, "learning_rate": 3e-3, "beta": 0.04, "num_iterations": 1, "epsilon": 0.2,
+        "max_completion_length": 8, "temperature": 1.0, "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2, "num_generations": 4, "reward_weights": [1.0, 0.5]}
+
+#: The supervised start: its length, and how often its answers are right.
+PRETRAIN_STEPS = 400
+PRETRAIN_RIGHT = 0.3
+
+#: name -> (seed, GRPOConfig arguments on top of BASE)
+SWEEP: dict[str, tuple[int, dict]] = {
+    # TRL's defaults but for the learning rate (3e-3 suits a 2-layer model) and beta 0.04 (TRL's default is 0).
+    **{f"default_s{s}": (s, {}) for s in range(1, 7)},
+    # Learning rates 3x-10x high and 30x-100x low.
+    "lr_1e-2_s7": (7, {"learning_rate": 1e-2}),
+    "lr_1e-2_s8": (8, {"learning_rate": 1e-2}),
+    "lr_3e-2_s9": (9, {"learning_rate": 3e-2}),
+    "lr_1e-4_s10": (10, {"learning_rate": 1e-4}),
+    "lr_3e-5_s11": (11, {"learning_rate": 3e-5}),
+    "lr_6e-3_s20": (20, {"learning_rate": 6e-3}),
+    # The KL penalty off and 25x.
+    "beta_0_s12": (12, {"beta": 0.0}),
+    "beta_1_s13": (13, {"beta": 1.0}),
+    # Several policy updates per batch, with TRL's clip range and a tenth of it.
+    "iters_4_s14": (14, {"num_iterations": 4}),
+    "iters_4_eps_0.02_s15": (15, {"num_iterations": 4, "epsilon": 0.02}),
+    # A maximum completion length that cuts the answer or its end-of-sequence token.
+    "maxlen_1_s16": (16, {"max_completion_length": 1}),
+    "maxlen_2_s19": (19, {"max_completion_length": 2}),
+    # Sampling temperature low and high.
+    "temp_0.3_s17": (17, {"temperature": 0.3}),
+    "temp_1.5_s18": (18, {"temperature": 1.5}),
+}
+
+
+def accuracy_reward(completions, answer, **kwargs):
+    """1.0 when the completion is the expected sum."""
+    return [1.0 if c.strip() == ans else 0.0 for c, ans in zip(completions, answer)]
+
+
+def make_format_reward(eos_id: int):
+    def format_reward(completions, completion_ids, **kwargs):
+        """1.0 when the completion is a number that ended with the end-of-sequence token (not cut)."""
+        return [1.0 if c.strip().isdigit() and ids and ids[-1] == eos_id else 0.0
+                for c, ids in zip(completions, completion_ids)]
+    return format_reward
+
+
+def pretrain(model, tokenizer, seed: int, steps: int = PRETRAIN_STEPS) -> None:
+    """A short supervised start, as GRPO starts from a model that already answers in the format: the
+    prompts followed by a one-digit answer and the end-of-sequence token, the answer right with
+    probability ``PRETRAIN_RIGHT`` and a random digit otherwise."""
+    import torch
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        texts = []
+        for _ in range(32):
+            a, b = rng.randint(0, 4), rng.randint(0, 4)
+            ans = a + b if rng.random() < PRETRAIN_RIGHT else rng.randint(0, 9)
+            texts.append(f"what is {a}+{b}? {ans}")
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        ids = torch.cat([batch.input_ids, torch.full((len(texts), 1), tokenizer.pad_token_id)], dim=1)
+        mask = torch.cat([batch.attention_mask, torch.zeros(len(texts), 1, dtype=torch.long)], dim=1)
+        ends = batch.attention_mask.sum(1)
+        ids[torch.arange(len(texts)), ends] = tokenizer.eos_token_id
+        mask[torch.arange(len(texts)), ends] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+
+def train(name: str, seed: int, settings: dict, out: Path = OUT) -> Path:
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_grpo_tiny import build_dataset, build_model, build_tokenizer
+
+    config = {**BASE, **settings}
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        # The trainer loads its reference model by path when beta > 0, so the random model is saved first.
+        model_dir = f"{tmp}/model"
+        model = build_model(tokenizer)
+        pretrain(model, tokenizer, seed)
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        args = GRPOConfig(output_dir=f"{tmp}/out", report_to=["tensorboard"], logging_steps=1, save_strategy="no",
+                          use_cpu=True, bf16=False, seed=seed, dataloader_num_workers=0, **config)
+        trainer = GRPOTrainer(
+            model=model_dir,
+            reward_funcs=[accuracy_reward, make_format_reward(tokenizer.eos_token_id)],
+            args=args, train_dataset=build_dataset(64, seed), processing_class=tokenizer)
+        trainer.train()
+        dest = out / name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(f"{tmp}/out/runs", dest / "runs")
+        (dest / "config.json").write_text(json.dumps(json.loads(args.to_json_string()), indent=2, sort_keys=True))
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="train only these runs")
+    ap.add_argument("--list", action="store_true", help="list the sweep and exit")
+    ap.add_argument("--out", type=Path, default=OUT, help="where the runs go (default: the labelled set)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="train one run NAME (--only NAME) with these settings instead of the sweep's (a trial)")
+    args = ap.parse_args(argv)
+    names = args.only or list(SWEEP)
+    if args.list:
+        for name in names:
+            seed, settings = SWEEP[name]
+            print(f"{name:<26} seed {seed} {settings}")
+        return 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    trial = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+    for name in names:
+        seed, settings = SWEEP[name] if not args.set else (int(trial.pop("seed", 0)), trial)
+        if any((args.out / name).rglob("events.out.tfevents.*")):
+            print(f"{name}: already trained, skipped", flush=True)
+            continue
+        t0 = time.perf_counter()
+        train(name, seed, settings, args.out)
+        print(f"{name}: trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
