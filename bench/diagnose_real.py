@@ -1,9 +1,11 @@
-"""Diagnosis on the labelled real run sets (stable-baselines3 and CleanRL PPO sweeps), tuning vs held-out.
+"""Diagnosis on the labelled real run sets (stable-baselines3 and CleanRL PPO, TRL GRPO sweeps), tuning vs held-out.
 
 The SB3 runs are in ``tests/data/real/sb3_sweep/<run>/`` (event file + params.json, trained by
 ``bench/real_runs/make_sb3_sweep.py``), the CleanRL runs in
 ``tests/data/real/cleanrl_sweep/<run>/runs/`` (CleanRL's own ``ppo.py``, run by
-``bench/real_runs/make_cleanrl_sweep.py``). In each set, ``labels.yaml`` says, per run, what its
+``bench/real_runs/make_cleanrl_sweep.py``), the TRL GRPO runs in
+``tests/data/real/trl_sweep/<run>/runs/`` with ``config.json`` beside (TRL's own ``GRPOTrainer``
+on a tiny task, run by ``bench/real_runs/make_trl_sweep.py``). In each set, ``labels.yaml`` says, per run, what its
 curves show (healthy, or the problems seen, each with the detectors that count as finding it and the
 steps it spans), the cause, and the observation the label was read from; ``split.yaml`` says which
 runs were used for tuning and which are held out, in batches each placed there before it was trained
@@ -51,7 +53,10 @@ from registry.analysis.diagnosis.hyperparams import settings_for_baseline  # noq
 
 #: The labelled sets: stable-baselines3 runs (with params.json beside each event file) and CleanRL runs
 #: (CleanRL's own ``runs/<run name>/`` layout, its hyperparameters read from the event file).
-RUN_SETS = [ROOT / "tests" / "data" / "real" / "sb3_sweep", ROOT / "tests" / "data" / "real" / "cleanrl_sweep"]
+RUN_SETS = [ROOT / "tests" / "data" / "real" / name for name in ("sb3_sweep", "cleanrl_sweep", "trl_sweep")]
+
+#: The TRL set's task (bench/real_runs/make_trl_sweep.py): its runs' labels say the same.
+TRL_TASK = "tiny-addition"
 
 #: Per part, the runs listed under each heading (the rest of a part's figures are counts).
 LISTED = ("misses", "false_alarms", "wrong_causes", "fp", "rows", "borderline")
@@ -75,6 +80,11 @@ def run_inputs(root: Path, name: str) -> tuple[dict, dict, str, str]:
         params = json.loads((root / name / "params.json").read_text())
         return load_tensorboard_run(root / name, "stable-baselines3")[0], params, params["env"], "stable-baselines3"
     (run_dir,) = (root / name / "runs").iterdir()
+    if (root / name / "config.json").exists():
+        # transformers' TensorBoard layout, the GRPOConfig beside it: TRL's keys carry no framework name the
+        # importer could tell from TRL's generic ones ("loss", "reward") alone, and the task is the set's own.
+        curves, params, framework, _ = load_tensorboard_run(run_dir, "trl")
+        return curves, params, TRL_TASK, framework
     curves, params, framework, task = load_tensorboard_run(run_dir)
     if framework is None or task is None:
         raise SystemExit(f"{run_dir}: the importer found no framework or task")

@@ -16,6 +16,7 @@ import numpy as np
 from registry.analysis.diagnosis.dictionary import metric_infos_from_definitions
 from registry.analysis.diagnosis.types import Curve, MetricInfo
 from registry.core.series import SeriesData
+from registry.dictionary.binding import layout_variants
 from registry.dictionary.definitions import default_dictionary_text, parse_document
 from registry.importers import open_source
 
@@ -57,9 +58,14 @@ def load_tensorboard_run(run_dir: str | Path, framework: str | None = None
     framework = framework or source.framework
     keys = framework_keys(framework or "custom")
     points: dict[str, list[tuple[int, float]]] = {}
+    logical: dict[str, str | None] = {}
     for p in source.points():
-        if p.key in keys:
-            points.setdefault(p.key, []).append((p.step, p.value))
+        if p.key not in logical:
+            # As the binder tries a key: as logged, then without a logger's training prefix (transformers'
+            # TensorBoard callback writes TRL's "reward" as "train/reward"); eval series are not training curves.
+            logical[p.key] = next((k for k, _, split in layout_variants(p.key) if split is None and k in keys), None)
+        if logical[p.key] is not None:
+            points.setdefault(logical[p.key], []).append((p.step, p.value))
     out: dict[str, Curve] = {}
     # As the registry reads a run (Registry.canonical_curves): one point per step (the mean of a step's
     # repeats), and of two keys bound to one definition, the one with more points, then the first by name.
