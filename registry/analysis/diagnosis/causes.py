@@ -438,7 +438,7 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     to a cause: named by elimination, at the naming bar and no higher (the run says only that nothing
     else it records differs). None when no setting, or more than one, is far off, and when that setting
     pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
-    off = hp.off_reference(ctx.s.cause_setting_factor)
+    off = [s for s in hp.off_reference(ctx.s.cause_setting_factor) if not _length_not_binding(s, ctx)]
     if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
         return None
     s = off[0]
@@ -446,6 +446,16 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
                  NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else []),
                  f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
+
+
+def _length_not_binding(s: Setting, ctx: Context) -> bool:
+    """A maximum response length far below the framework's default that the run's completions do not
+    reach: its truncation share stayed within the healthy range, so the limit cannot explain anything."""
+    name = ctx.first("truncation")
+    if s.cause_key != "max_response_length_small" or name is None:
+        return False
+    _, high = ctx.range(name)
+    return high is not None and float(np.median(ctx.series(name).y)) <= high
 
 
 #: Where a TRL run's setting is read when its configuration was not recorded (a trainer_state.json

@@ -161,6 +161,10 @@ class Setting:
         ref = self.reference
         if ref is None:
             return False
+        if self.knob == "kl_coef" and ref == 0 and self.value > 0:
+            # A reference of no penalty (TRL's beta = 0.0 since 0.19) gives no scale by which a penalty is
+            # large: turning it on is a choice of regime, not a setting far off.
+            return False
         if self.knob not in HORIZON_KNOBS and (ref == 0 or self.value == 0):
             return self.value != ref
         r = self.ratio()

@@ -93,12 +93,29 @@ def _loss_that_counts(ctx: Context, reward: str, start: int, end: int) -> float:
     return max(noise, ctx.s.regress_min_range_frac * min(high - low, max(gain, 0.0)))
 
 
+def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
+    """KL-to-the-reference spikes of single batches: a jump of one or two logged points, or a span where at
+    most half the points are jumps (``spike_ratio`` times the recent level), the KL back at its level
+    between. The policy cannot drift from its reference and come back within one step, so such a jump is
+    a batch whose sampled tokens the reference finds unlikely (the k3 estimator's heavy tail: TRL's
+    ``kl`` of a healthy run reaches 5-50 at single steps), a property of that batch, not of the policy:
+    judged like a warning-sized spike, by what followed it."""
+    if f.detector != "kl_spike" or not f.metric.startswith("kl_ref") or ctx.series(f.metric) is None:
+        return False
+    v = ctx.values_between(f.metric, f.start, f.end)
+    recent = f.evidence.get("recent_level", 0.0)
+    if v.size <= 2:
+        return v.size > 0
+    return recent > 0 and float(np.mean(v >= ctx.s.spike_ratio * recent)) <= 0.5
+
+
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:
-    """Warning-level excursion findings grouped by overlap: a KL jump and the clip fraction it drove
-    are one event."""
+    """Warning-level excursion findings (and one-batch jumps of the KL to the reference) grouped by
+    overlap: a KL jump and the clip fraction it drove are one event."""
     tol = int(ctx.s.joint_overlap_frac * ctx.span)
     out: list[list[Finding]] = []
-    for f in sorted((f for f in findings if f.detector in EXCURSION_DETECTORS and f.severity == "warning"),
+    for f in sorted((f for f in findings if f.detector in EXCURSION_DETECTORS
+                     and (f.severity == "warning" or _one_batch_from_reference(ctx, f))),
                     key=lambda f: f.start):
         if out and f.start <= max(g.end for g in out[-1]) + tol:
             out[-1].append(f)

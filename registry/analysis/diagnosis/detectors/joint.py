@@ -119,7 +119,12 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
             rising = late - early >= st.zero_std_rise and corr >= 0.5
             _, high = ctx.range(name)
             if (high is not None and late >= high) or rising:
-                sev = "critical" if late >= st.zero_std_critical else "warning"
+                # A share that was already this high at the start and did not rise is the task's own (a sparse
+                # reward over small groups): information while the reward improves anyway, unless most groups
+                # give no gradient.
+                stalled = any(g.at_least("warning") for d in ("reward_flat", "reward_slow")
+                              for g in ctx.overlapping(d, sr.step(0), sr.step_end(n - 1)))
+                sev = "critical" if late >= st.zero_std_critical else "warning" if rising or stalled else "info"
                 out.append(ctx.finding(
                     "advantage_degenerate", name, sr.step(0 if not rising else e), sr.step_end(n - 1), sev,
                     f"{100 * late:.0f}% of prompt groups have zero reward std (all responses rewarded alike)"

@@ -2,6 +2,8 @@
 drifting. A falling reward is ``reward_falls``."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
@@ -37,7 +39,7 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if a == 0:
                 continue
             pre = y[max(0, a - M):a]
-            if np.median(np.abs(pre)) <= tol:
+            if np.median(np.abs(pre)) <= tol or _zeros_by_chance(ctx, zero, a, b):
                 continue
             to_end = b == n - 1
             found.append(ctx.finding(
@@ -70,6 +72,10 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if ctx.run_kind == "control":
                 found.append(_episode_stats_constant(ctx, name, sr, a0, b, level, pre, worst, to_end))
                 continue
+            if level >= float(np.max(y)) - tol:
+                # The best value the reward ever took, held by every sample of the batch: a component such as a
+                # format check that every completion passes (TRL's rewards/format_reward/mean at 1), not a fault.
+                continue
             found.append(ctx.finding(
                 "reward_zero", name, sr.step(a0), sr.step_end(b), "critical" if to_end else "warning",
                 f"reward became exactly constant at {level:.4g} (below its ceiling) for {b - a0 + 1} points",
@@ -85,6 +91,19 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
                 detected_at=sr.step(min(a0 + M - 1, n - 1))))
         out.extend(top(found, ctx, "points"))
     return out
+
+
+def _zeros_by_chance(ctx: Context, zero: np.ndarray, a: int, b: int) -> bool:
+    """Is the stretch of zeros ``a..b`` as long as the reward's earlier zeros make likely by chance? A
+    sparse reward averaged over a few samples (a language-model accuracy of 15% over 8 completions is 0 at
+    a quarter of its steps) hits zero for a few points in a row; a run of zeros counts when a run that long
+    had less than a 1% chance anywhere in the series at the rate the reward was zero before it."""
+    if ctx.run_kind == "control":
+        return False
+    rate = float(np.mean(zero[:a]))
+    if rate <= 0.0:
+        return False
+    return (b - a + 1) * math.log(rate) > math.log(0.01 / zero.size)
 
 
 def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level: float, pre: np.ndarray,

@@ -134,7 +134,8 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     if n < st.min_points_to_judge:
         return []
     ranged = low is not None and high is not None and high > low
-    s = rolling_median(y, max(3, ctx.window(name, sr)), "centered")
+    window = max(3, ctx.window(name, sr))
+    s = rolling_median(y, window, "centered")
     y0 = float(np.median(y[:ctx.early(n)]))
     best = np.maximum.accumulate(s)
     gain, lost = best - y0, best - s
@@ -142,6 +143,10 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
     cond = (gain > 0) & (lost >= st.drop_frac * gain) & (lost >= st.regress_min_range_frac * scale) & (scale > TINY)
     if not ranged:
         cond &= lost >= st.drop_noise_k * trend_noise_sigma(y)
+    elif ctx.run_kind != "control":
+        # A language model's reward is a batch mean over a few completions: even smoothed over the window its
+        # running best is partly a lucky stretch, so the loss must also clear the smoothed curve's own noise.
+        cond &= lost >= st.drop_noise_k * trend_noise_sigma(y) / np.sqrt(window)
     M = ctx.persist(n)
     out = []
     spans = runs(cond, M) if ranged else [(a, b) for a, b in runs(cond, M) if b == n - 1]
