@@ -114,7 +114,9 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
         n = sr.n
         if n >= max(4, st.min_points_to_judge // 2):
             e = ctx.early(n)
-            early, late = float(np.median(sr.y[:e])), float(np.median(sr.y[-e:]))
+            # Means, not medians: a batch of two prompts gives shares of 0, 0.5 or 1, whose median over a window
+            # jumps between them; the mean is the share over all the window's groups.
+            early, late = float(np.mean(sr.y[:e])), float(np.mean(sr.y[-e:]))
             corr = rank_corr(rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered"))
             rising = late - early >= st.zero_std_rise and corr >= 0.5
             _, high = ctx.range(name)
