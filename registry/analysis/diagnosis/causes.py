@@ -450,10 +450,14 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
 
 def _length_not_binding(s: Setting, ctx: Context) -> bool:
     """A maximum response length far below the framework's default that the run's completions do not
-    reach: its truncation share stayed within the healthy range, so the limit cannot explain anything."""
+    reach: its truncation share stayed within the healthy range over most of the run, so the limit
+    cannot explain anything (a burst of cut completions is the completions changing, not the limit);
+    or the limit the task's healthy runs use."""
     name = ctx.first("truncation")
-    if s.cause_key != "max_response_length_small" or name is None:
+    if s.knob != "max_response_length" or name is None:
         return False
+    if s.healthy is not None and not s.off(ctx.s.cause_setting_factor):
+        return True                     # the healthy runs of the task use this limit and are not cut by it
     _, high = ctx.range(name)
     return high is not None and float(np.median(ctx.series(name).y)) <= high
 
@@ -573,7 +577,7 @@ def rank_causes(ctx: Context, f: Finding) -> None:
         specific.append(gamma_short(*args))
     elif d == "truncation":
         mx = hp.get("max_response_length")
-        if mx is not None:
+        if mx is not None and not _length_not_binding(mx, ctx):
             specific = [Cause("max_response_length_small", f"the maximum response length is too short: "
                               f"{mx.describe()}", 0.55, [mx.describe()],
                               f"raise the maximum response length above {mx.value:g} (or mask truncated "

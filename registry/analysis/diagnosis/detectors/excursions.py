@@ -15,6 +15,10 @@ from registry.analysis.diagnosis.signal import noise_sigma
 from registry.analysis.diagnosis.types import Finding
 
 
+#: A KL to the reference is back at its level after a one-batch jump when the updates after it sit within
+#: this factor of the level before it.
+ONE_BATCH_BACK_FACTOR = 2.0
+
 #: Constraint findings that can be a brief excursion of an update size, alone or together.
 EXCURSION_DETECTORS = ("kl_spike", "kl_climb", "clip_high")
 
@@ -46,6 +50,11 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
     else:                                              # a single clip point beside a KL spike
         brief = bool(f.evidence.get("with_kl_spike"))
     back = _level_after(ctx, f) if brief else None
+    if back is not None and back > high and _one_batch_from_reference(ctx, f):
+        # The KL to the reference measures how far the policy has drifted, which is the run's own level, not
+        # a step size: back at that level is back, whatever a generic high says of the level itself (a level
+        # above the high is another finding's to judge, kl_climb's).
+        return back if back <= ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0) else None
     return back if back is not None and back <= high else None
 
 
@@ -156,7 +165,8 @@ def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
 
 def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
     high = f.evidence["healthy_high"]
-    then = f"over the next updates it was back at {back:.3g} (healthy high {high:g}) and the reward ({reward}) did not fall"
+    where = f"healthy high {high:g}" if back <= high else f"its level before, {f.evidence['recent_level']:.3g}"
+    then = f"over the next updates it was back at {back:.3g} ({where}) and the reward ({reward}) did not fall"
     if f.detector == "kl_spike":
         return (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
                 f"{f.evidence['recent_level']:.3g}; {then}: a single large update that nothing followed")

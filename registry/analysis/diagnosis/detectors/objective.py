@@ -190,6 +190,9 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     flat, early, late, imp, level, kept = judge(n)
     if not flat:
         return _reward_plateau(ctx, name, sr, y, sign, low, high)
+    healthy_gain = _healthy_runs_gain(ctx, name)
+    if healthy_gain is not None and sign * (late - early) >= 0.5 * healthy_gain:
+        return []
     grid = np.unique(np.linspace(max(6, min(n, st.flat_min_points)), n, num=20).round().astype(int))
     ok = np.array([judge(int(p))[0] for p in grid])
     bad = np.flatnonzero(~ok)
@@ -217,6 +220,22 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
                "entropy bonus) or shape the reward; compare with a solved configuration",
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
+
+
+def _healthy_runs_gain(ctx: Context, name: str) -> float | None:
+    """What the task's healthy runs gained (their late band's median over their early one's) when a
+    language model's reward is judged against a baseline; None otherwise. A batch reward over a few
+    completions spreads its healthy band over its noise, so a range learned from it is far wider than
+    what runs gain, and a healthy seed's slow rise reads as flat on it; half the healthy runs' own gain is
+    the yardstick there. A control run's windowed episode mean has a band close to its level."""
+    base = ctx.baseline
+    if ctx.run_kind == "control" or base is None or getattr(base, "weak", False) or name not in base.metrics:
+        return None
+    mb = base.metrics[name]
+    if mb.early is None or mb.late is None:
+        return None
+    gain = (mb.late.median - mb.early.median) * (1.0 if ctx.higher_is_better(name) else -1.0)
+    return gain if gain > 0 else None
 
 
 def _entropy_kept(ctx: Context, reward: Series, p: int) -> tuple[float, float] | None:
