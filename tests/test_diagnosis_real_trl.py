@@ -110,3 +110,20 @@ def test_a_limit_the_healthy_runs_share_is_not_the_cause_of_a_burst_of_cut_compl
     cut = warnings_of(registry, "lr_3e-2_s9", "truncation", baseline=True)
     assert any(f.start <= 5 and f.end >= 95 for f in cut)
     assert all(f.cause != "max_response_length_small" for f in cut)
+
+
+def test_a_token_entropy_collapsing_onto_one_answer_is_found_where_it_stays_down(registry):
+    """At 3x the learning rate the entropy falls 0.95 -> 0.42 in ten steps and on to 0.001 from step 90."""
+    hit = [f for f in warnings_of(registry, "lr_1e-2_s7", "entropy_collapse") if f.end >= 290]
+    assert hit and hit[0].severity == "critical" and "on down to" in hit[0].title
+
+
+def test_a_flat_total_is_found_beside_a_component_that_hit_zero_for_a_while(registry):
+    """beta = 1.0: the accuracy component is 0 through a blow-up (steps 67-83), the total never rises."""
+    assert warnings_of(registry, "beta_1_s13", "reward_zero")
+    assert warnings_of(registry, "beta_1_s13", "reward_flat")
+
+
+def test_a_batch_mean_repeating_its_commonest_value_is_not_a_stuck_reward(registry):
+    """Four updates per batch log a reward every 4th step; 0.625, its commonest value, repeats 5 times in a row."""
+    assert not [f for f in warnings_of(registry, "iters_4_s14", "reward_zero") if f.metric == "reward_sequence_mean"]

@@ -173,11 +173,23 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
                 check=["the return, if it stops improving while the entropy keeps falling"],
                 related=["kl_old_mean", "clip_fraction"]))
             continue
-        sev = "critical" if ratio <= st.cliff_critical_ratio or (elow is not None and lvl_a < elow) else "warning"
+        lvl_end = lvl_a
+        if ctx.run_kind != "control":
+            # A language model's token entropy that keeps falling after its cliff is collapsing onto one answer:
+            # the finding spans where it stays down, from the steepest drop (or the points right after it, when
+            # the drop lands above the threshold on its way down), a point or two back above not ending it, and
+            # is judged by where it ends up.
+            seg = merge_close(runs(y[c:] < thr), M)
+            end = c + (seg[0][1] if seg and seg[0][0] <= M else 0)
+            lvl_end = float(np.median(y[max(c, end - M + 1):end + 1]))
+        deeper = lvl_end < 0.5 * lvl_a          # it kept falling after the cliff, as a collapse to one answer does
+        sev = "critical" if (min(ratio, lvl_end / lvl_b) <= st.cliff_critical_ratio
+                             or (elow is not None and lvl_a < elow)) else "warning"
         found.append(ctx.finding(
             "entropy_collapse", name, sr.step(max(a, c - 1)), sr.step_end(end), sev,
-            f"entropy fell off a cliff: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points",
-            evidence={"level_before": lvl_b, "level_after": lvl_a, "ratio": ratio,
+            f"entropy fell off a cliff: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points"
+            + (f", and on down to {lvl_end:.3g} by step {sr.step_end(end)}" if deeper else ""),
+            evidence={"level_before": lvl_b, "level_after": lvl_a, "level_end": lvl_end, "ratio": ratio,
                       "cliff_step": sr.step(c), "healthy_low": elow if elow is not None else float("nan")},
             causes=["a too-large update made the policy (near-)deterministic",
                     "no entropy bonus and a strong, narrow reward signal",

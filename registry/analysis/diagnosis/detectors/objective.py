@@ -39,7 +39,7 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if a == 0:
                 continue
             pre = y[max(0, a - M):a]
-            if np.median(np.abs(pre)) <= tol or _zeros_by_chance(ctx, zero, a, b):
+            if np.median(np.abs(pre)) <= tol or _by_chance(ctx, zero, a, b):
                 continue
             to_end = b == n - 1
             found.append(ctx.finding(
@@ -72,7 +72,7 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if ctx.run_kind == "control":
                 found.append(_episode_stats_constant(ctx, name, sr, a0, b, level, pre, worst, to_end))
                 continue
-            if level >= float(np.max(y)) - tol:
+            if level >= float(np.max(y)) - tol or _by_chance(ctx, np.abs(y - level) <= tol, a0, b):
                 # The best value the reward ever took, held by every sample of the batch: a component such as a
                 # format check that every completion passes (TRL's rewards/format_reward/mean at 1), not a fault.
                 continue
@@ -93,17 +93,19 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
     return out
 
 
-def _zeros_by_chance(ctx: Context, zero: np.ndarray, a: int, b: int) -> bool:
-    """Is the stretch of zeros ``a..b`` as long as the reward's earlier zeros make likely by chance? A
-    sparse reward averaged over a few samples (a language-model accuracy of 15% over 8 completions is 0 at
-    a quarter of its steps) hits zero for a few points in a row; a run of zeros counts when a run that long
-    had less than a 1% chance anywhere in the series at the rate the reward was zero before it."""
+def _by_chance(ctx: Context, at_value: np.ndarray, a: int, b: int) -> bool:
+    """Is the stretch ``a..b`` of points at one value (zero, or the value a constant stretch holds) as
+    long as chance makes likely, given how often the reward takes that value elsewhere? A batch mean over
+    a few samples takes few values: a language-model accuracy of 15% over 8 completions is 0 at a quarter
+    of its steps, and a mean in sixteenths sits at its commonest value at a third of them. Such a stretch
+    counts when one that long had less than a 1% chance anywhere in the series at that rate."""
     if ctx.run_kind == "control":
         return False
-    rate = float(np.mean(zero[:a]))
+    outside = np.concatenate([at_value[:a], at_value[b + 1:]])
+    rate = float(np.mean(outside)) if outside.size else 0.0
     if rate <= 0.0:
         return False
-    return (b - a + 1) * math.log(rate) > math.log(0.01 / zero.size)
+    return (b - a + 1) * math.log(rate) > math.log(0.01 / at_value.size)
 
 
 def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level: float, pre: np.ndarray,
@@ -158,9 +160,11 @@ def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level:
 def detect_reward_flat(ctx: Context) -> list[Finding]:
     name = ctx.first("reward")
     # A drop or a stuck reward speaks for the reward; an episode mean merely not re-measured for a few
-    # updates (reward_zero as information) says nothing about whether the run learned.
-    if name is None or any(f.at_least("warning") for d in ("reward_drop", "reward_zero")
-                           for f in ctx.overlapping(d, -2**62, 2**62)):
+    # updates (reward_zero as information) says nothing about whether the run learned. A language model's
+    # reward component that hit zero for a while (its accuracy, during a blow-up) does not speak for the
+    # total over the run.
+    if name is None or any(f.at_least("warning") and (ctx.run_kind == "control" or f.metric == name)
+                           for d in ("reward_drop", "reward_zero") for f in ctx.overlapping(d, -2**62, 2**62)):
         return []
     sr = ctx.series(name)
     n = sr.n
