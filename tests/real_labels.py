@@ -1,5 +1,5 @@
-"""The labelled real run sets (tests/data/real/sb3_sweep, tests/data/real/cleanrl_sweep): what a
-diagnosis must say about a run, by its label."""
+"""The labelled real run sets (tests/data/real/sb3_sweep, cleanrl_sweep, trl_sweep): what a diagnosis
+must say about a run, by its label."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +11,15 @@ REAL = Path(__file__).parent / "data" / "real"
 
 
 def load_labels(run_set: str) -> dict[str, dict[str, Any]]:
-    """Run name -> label of one set (``sb3_sweep``, ``cleanrl_sweep``)."""
+    """Run name -> label of one set (``sb3_sweep``, ``cleanrl_sweep``, ``trl_sweep``)."""
     return yaml.safe_load((REAL / run_set / "labels.yaml").read_text())["runs"]
+
+
+def logger_run_dir(run_set: str, name: str) -> Path:
+    """The one run directory a framework's logger made under ``<run>/runs/`` (CleanRL's
+    ``<env>__ppo__<seed>__<time>``, transformers' ``<time>_<host>``)."""
+    (inner,) = (REAL / run_set / name / "runs").iterdir()
+    return inner
 
 
 def assert_finds_labelled_problems(lab: dict[str, Any], name: str, d: Any) -> None:

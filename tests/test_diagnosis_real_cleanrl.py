@@ -16,9 +16,8 @@ from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
 from registry.analysis.health import diagnose_run
-from real_labels import REAL, assert_finds_labelled_problems, load_labels
+from real_labels import assert_finds_labelled_problems, load_labels, logger_run_dir
 
-SWEEP = REAL / "cleanrl_sweep"
 LABELS = load_labels("cleanrl_sweep")
 PROBLEM_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "problem")
 HEALTHY_RUNS = sorted(n for n, lab in LABELS.items() if lab["label"] == "healthy")
@@ -35,16 +34,11 @@ KNOWN_MISSES = {
 KNOWN_FALSE_ALARMS: dict[str, str] = {}
 
 
-def run_dir(name: str):
-    (inner,) = (SWEEP / name / "runs").iterdir()
-    return inner
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('real') / 'cleanrl.db'}")
     for name in sorted(LABELS):
-        reg.register(run_dir(name), name=name, project="cleanrl-sweep", algorithm="PPO")
+        reg.register(logger_run_dir("cleanrl_sweep", name), name=name, project="cleanrl-sweep", algorithm="PPO")
     yield reg
     reg.close()
 

@@ -14,7 +14,7 @@ from registry import open_registry
 from registry.analysis.baselines import build_task_baseline
 from registry.analysis.health import diagnose_run
 from registry.importers.params import load_params_file
-from real_labels import REAL, load_labels
+from real_labels import REAL, load_labels, logger_run_dir
 
 SWEEP = REAL / "trl_sweep"
 LABELS = load_labels("trl_sweep")
@@ -27,17 +27,12 @@ KNOWN_FALSE_ALARMS = {
 }
 
 
-def run_dir(name: str):
-    (inner,) = (SWEEP / name / "runs").iterdir()
-    return inner
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     reg = open_registry(f"sqlite:///{tmp_path_factory.mktemp('real') / 'trl.db'}")
     for name in sorted(LABELS):
-        reg.register(run_dir(name), name=name, project="trl-sweep", algorithm="GRPO", framework="trl", task=TASK,
-                     params=load_params_file(SWEEP / name / "config.json"))
+        reg.register(logger_run_dir("trl_sweep", name), name=name, project="trl-sweep", algorithm="GRPO",
+                     framework="trl", task=TASK, params=load_params_file(SWEEP / name / "config.json"))
     yield reg
     reg.close()
 
