@@ -162,8 +162,9 @@ class Setting:
         if ref is None:
             return False
         if self.knob == "kl_coef" and ref == 0 and self.value > 0:
-            # A reference of no penalty (TRL's beta = 0.0 since 0.19) gives no scale by which a penalty is
-            # large: turning it on is a choice of regime, not a setting far off.
+            # A reference of no penalty (TRL 1.16.0's GRPOConfig.beta = 0.0, the reference model then not even
+            # loaded) gives no scale by which a penalty is large: turning it on is a choice of regime, not a
+            # setting far off.
             return False
         if self.knob not in HORIZON_KNOBS and (ref == 0 or self.value == 0):
             return self.value != ref

@@ -73,8 +73,9 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
                 found.append(_episode_stats_constant(ctx, name, sr, a0, b, level, pre, worst, to_end))
                 continue
             if level >= float(np.max(y)) - tol or _by_chance(ctx, np.abs(y - level) <= tol, a0, b):
-                # The best value the reward ever took, held by every sample of the batch: a component such as a
-                # format check that every completion passes (TRL's rewards/format_reward/mean at 1), not a fault.
+                # The best value the reward ever took, held by every sample of the batch (a component such as a
+                # format check that every completion passes: TRL's rewards/format_reward/mean at 1), or a value
+                # a batch mean takes often enough to repeat by chance: not a fault.
                 continue
             found.append(ctx.finding(
                 "reward_zero", name, sr.step(a0), sr.step_end(b), "critical" if to_end else "warning",
