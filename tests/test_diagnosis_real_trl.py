@@ -88,7 +88,7 @@ def test_truncation_names_the_maximum_length_only_where_completions_reach_it(reg
     (trunc,) = warnings_of(registry, "maxlen_1_s16", "truncation")
     assert trunc.cause == "max_response_length_small"
     assert "max_completion_length" in trunc.summary() or "maximum response length" in trunc.causes[0].text
-    # A length of 8 is 32x below TRL's default 256, but these completions end at 2 tokens: never the cause.
+    # A length of 8 is 64x below TRL 1.16.0's default 512, but these completions end at 2 tokens: never the cause.
     d = diagnose_run(registry, "beta_0_s12", use_baseline=False)
     assert d.by_detector("entropy_collapse") and all(f.cause != "max_response_length_small" for f in d.findings)
 

@@ -61,7 +61,7 @@ FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
                 "ent_coef": ("ent_coef", "ent-coef"), "n_epochs": ("update_epochs", "update-epochs"),
                 "target_kl": ("target_kl", "target-kl"), "vf_coef": ("vf_coef", "vf-coef"), "gamma": ("gamma",),
                 "gae_lambda": ("gae_lambda", "gae-lambda"), "n_steps": ("num_steps", "num-steps")},
-    # trl/trainer/grpo_config.py, GRPOConfig fields (huggingface/trl, commit 006d32c9).
+    # trl/trainer/grpo_config.py, GRPOConfig fields (huggingface/trl, commit 006d32c9; the same in trl 1.16.0).
     "trl": {"learning_rate": ("learning_rate",), "clip_range": ("epsilon",), "kl_coef": ("beta",),
             "n_epochs": ("num_iterations",), "group_size": ("num_generations",),
             "max_response_length": ("max_completion_length",)},
@@ -82,7 +82,8 @@ FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
                           "vf_coef": 0.5, "gamma": 0.99, "gae_lambda": 0.95, "n_steps": 2048},
     "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4, "vf_coef": 0.5,
                 "gamma": 0.99, "gae_lambda": 0.95, "n_steps": 128},
-    "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 256},
+    # max_completion_length was 256 at 006d32c9; 512 in the release the project installs and tests with.
+    "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 512},
     # rollout.n defaults to 1 ("> 1 for grpo"): no group size to compare a GRPO run with.
     "verl": {"learning_rate": 1e-6, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 1, "kl_coef": 0.001,
              "max_response_length": 512, "batch_size": 256},
@@ -90,7 +91,7 @@ FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
 DEFAULT_SOURCES: dict[str, str] = {
     "stable-baselines3": "stable_baselines3/ppo/ppo.py PPO.__init__ (stable-baselines3 2.9.2)",
     "cleanrl": "cleanrl/ppo.py Args defaults (vwxyzjn/cleanrl fe8d8a03; the same in 020cf0e5)",
-    "trl": "trl/trainer/grpo_config.py GRPOConfig (huggingface/trl 006d32c9)",
+    "trl": "trl/trainer/grpo_config.py GRPOConfig (trl 1.16.0; the same but max_completion_length at 006d32c9)",
     "verl": "verl/trainer/config/ppo_trainer.yaml (volcengine/verl 008db456)",
 }
 FRAMEWORK_LABELS = {"stable-baselines3": "SB3", "cleanrl": "CleanRL", "trl": "TRL", "verl": "verl"}
