@@ -122,3 +122,10 @@ def test_a_flat_total_is_found_beside_a_component_that_hit_zero_for_a_while(regi
 def test_a_batch_mean_repeating_its_commonest_value_is_not_a_stuck_reward(registry):
     """Four updates per batch log a reward every 4th step; 0.625, its commonest value, repeats 5 times in a row."""
     assert not [f for f in warnings_of(registry, "iters_4_s14", "reward_zero") if f.metric == "reward_sequence_mean"]
+
+
+def test_a_sampling_temperature_far_below_trls_default_is_named_for_a_flat_reward(registry):
+    """temperature 0.3 (TRL 1.16.0's GRPOConfig default 1.0): the only setting far off, named by elimination."""
+    (flat,) = warnings_of(registry, "temp_0.3_s17", "reward_flat")
+    assert flat.cause == "temperature_low"
+    assert "temperature = 0.3" in flat.causes[0].text and "TRL default 1" in flat.causes[0].text

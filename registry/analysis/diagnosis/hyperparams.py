@@ -43,11 +43,12 @@ import numpy as np
 from registry.analysis.diagnosis.types import Curve
 
 KNOBS = ("learning_rate", "clip_range", "ent_coef", "n_epochs", "kl_coef", "group_size",
-         "max_response_length", "target_kl", "batch_size", "vf_coef", "gamma", "gae_lambda", "n_steps")
+         "max_response_length", "temperature", "target_kl", "batch_size", "vf_coef", "gamma", "gae_lambda",
+         "n_steps")
 #: Knobs compared by the horizon they set, 1 / (1 - x) steps, not by their value.
 HORIZON_KNOBS = frozenset({"gamma", "gae_lambda"})
 #: Knobs whose cause keys read high/low (rates, epochs, horizons); the others read large/small.
-HIGH_LOW_KNOBS = frozenset({"learning_rate", "n_epochs", "gamma", "gae_lambda"})
+HIGH_LOW_KNOBS = frozenset({"learning_rate", "n_epochs", "gamma", "gae_lambda", "temperature"})
 
 #: Each framework's key(s) for each knob, in its own configuration (flattened, dotted).
 FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -64,7 +65,7 @@ FRAMEWORK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     # trl/trainer/grpo_config.py, GRPOConfig fields (huggingface/trl, commit 006d32c9; the same in trl 1.16.0).
     "trl": {"learning_rate": ("learning_rate",), "clip_range": ("epsilon",), "kl_coef": ("beta",),
             "n_epochs": ("num_iterations",), "group_size": ("num_generations",),
-            "max_response_length": ("max_completion_length",)},
+            "max_response_length": ("max_completion_length",), "temperature": ("temperature",)},
     # verl/trainer/config/ppo_trainer.yaml (volcengine/verl, commit 008db456).
     "verl": {"learning_rate": ("actor_rollout_ref.actor.optim.lr",),
              "clip_range": ("actor_rollout_ref.actor.clip_ratio",),
@@ -83,7 +84,8 @@ FRAMEWORK_DEFAULTS: dict[str, dict[str, float]] = {
     "cleanrl": {"learning_rate": 2.5e-4, "clip_range": 0.2, "ent_coef": 0.01, "n_epochs": 4, "vf_coef": 0.5,
                 "gamma": 0.99, "gae_lambda": 0.95, "n_steps": 128},
     # max_completion_length was 256 at 006d32c9; 512 in the release the project installs and tests with.
-    "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 512},
+    "trl": {"clip_range": 0.2, "kl_coef": 0.0, "n_epochs": 1, "group_size": 8, "max_response_length": 512,
+            "temperature": 1.0},
     # rollout.n defaults to 1 ("> 1 for grpo"): no group size to compare a GRPO run with.
     "verl": {"learning_rate": 1e-6, "clip_range": 0.2, "ent_coef": 0.0, "n_epochs": 1, "kl_coef": 0.001,
              "max_response_length": 512, "batch_size": 256},
@@ -115,6 +117,7 @@ GENERIC_KEYS: dict[str, tuple[str, ...]] = {
     "batch_size": (),
     "gamma": (),
     "n_steps": (),
+    "temperature": (),
 }
 
 #: Slack on log(factor) when a ratio is compared with a factor: the float error of a ratio of two
