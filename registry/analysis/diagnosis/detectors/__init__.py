@@ -19,13 +19,12 @@ from typing import Callable
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors.clipping import detect_clip_high, detect_clip_low
 from registry.analysis.diagnosis.detectors.constraint import (
-    detect_entropy_collapse,
-    detect_entropy_narrowing,
     detect_kl_climb,
     detect_kl_spike,
     detect_policy_loss_growing,
     detect_value_loss_flat,
 )
+from registry.analysis.diagnosis.detectors.entropy import detect_entropy_collapse, detect_entropy_narrowing
 from registry.analysis.diagnosis.detectors.diagnostic import (
     detect_grad_spikes,
     detect_length_hacking,

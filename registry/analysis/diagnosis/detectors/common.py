@@ -129,3 +129,17 @@ def reward_still_rising(ctx: Context) -> Rising | None:
     if level is not None and level >= st.flat_max_level:
         return None          # near the top of its task range: converging, not held back
     return Rising(name, sr.step(n - tail), sign * start, sign * end, corr, tail * sr.bin_size)
+
+
+def return_at_top(ctx: Context, start: int, end: int) -> tuple[float, float] | None:
+    """(median return over steps [start, end], its level in the task range) when that level is
+    ``flat_max_level`` or above; None otherwise or without a dictionary task range."""
+    rname = ctx.first("reward")
+    if rname is None:
+        return None
+    rv = ctx.values_between(rname, start, end)
+    if rv.size == 0:
+        return None
+    final = float(np.median(rv))
+    level = level_in_task_range(ctx, rname, final)
+    return (final, level) if level is not None and level >= ctx.s.flat_max_level else None
