@@ -51,8 +51,9 @@ from registry.analysis.diagnosis import build_baseline, diagnose  # noqa: E402
 from registry.analysis.diagnosis.fixtures import default_metric_infos, load_tensorboard_run  # noqa: E402
 from registry.analysis.diagnosis.hyperparams import settings_for_baseline  # noqa: E402
 
-#: The labelled sets: stable-baselines3 runs (with params.json beside each event file) and CleanRL runs
-#: (CleanRL's own ``runs/<run name>/`` layout, its hyperparameters read from the event file).
+#: The labelled sets: stable-baselines3 runs (with params.json beside each event file), CleanRL runs
+#: (CleanRL's own ``runs/<run name>/`` layout, its hyperparameters read from the event file) and TRL runs
+#: (transformers' ``runs/<time>_<host>/`` layout, the GRPOConfig in config.json beside it).
 RUN_SETS = [ROOT / "tests" / "data" / "real" / name for name in ("sb3_sweep", "cleanrl_sweep", "trl_sweep")]
 
 #: The TRL set's task (bench/real_runs/make_trl_sweep.py): its runs' labels say the same.
