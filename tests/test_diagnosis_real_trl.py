@@ -15,7 +15,7 @@ from registry import open_registry
 from registry.analysis.baselines import build_task_baseline
 from registry.analysis.health import diagnose_run
 from registry.importers.params import load_params_file
-from real_labels import REAL, load_labels, logger_run_dir
+from real_labels import REAL, found_problem, load_labels, logger_run_dir
 
 SWEEP = REAL / "trl_sweep"
 LABELS = load_labels("trl_sweep")
@@ -57,9 +57,7 @@ def test_every_labelled_problem_is_found_over_its_steps(registry, name):
     """Found, not explained: without a baseline most of these findings name no cause (see the README)."""
     warn = warnings_of(registry, name)
     for prob in LABELS[name]["problems"]:
-        lo, hi = prob["steps"]
-        assert any(f.detector in prob["detectors"] and f.start <= hi and f.end >= lo for f in warn), \
-            f"{name}: {prob['what']} not found ({[f.summary() for f in warn]})"
+        found_problem(prob, warn, name)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FALSE_ALARMS[n]))
