@@ -69,6 +69,16 @@ SWEEP: dict[str, tuple[int, dict]] = {
     # Sampling temperature low and high.
     "temp_0.3_s17": (17, {"temperature": 0.3}),
     "temp_1.5_s18": (18, {"temperature": 1.5}),
+    # A second held-out batch, placed before it was trained: new seeds of the families above at new strengths,
+    # and groups of 2 (the group size the families above do not vary).
+    **{f"default_s{s}": (s, {}) for s in range(21, 24)},
+    "lr_2e-2_s24": (24, {"learning_rate": 2e-2}),
+    "lr_1e-3_s25": (25, {"learning_rate": 1e-3}),
+    "beta_0.4_s26": (26, {"beta": 0.4}),
+    "iters_2_eps_0.05_s27": (27, {"num_iterations": 2, "epsilon": 0.05}),
+    "maxlen_2_s28": (28, {"max_completion_length": 2}),
+    "temp_0.5_s29": (29, {"temperature": 0.5}),
+    "groups_2_s30": (30, {"num_generations": 2}),
 }
 
 
