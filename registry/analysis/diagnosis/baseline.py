@@ -107,15 +107,26 @@ class PhaseBand:
     #: The healthy runs' point-to-point logging noise in this phase (median over runs): the
     #: floor of the band's width when a deviation is measured in band widths.
     noise: float = 0.0
+    #: The mean of the phase's points (None: a band stored before it was kept). A batch mean over a
+    #: few completions takes values on a grid (eighths, sixteenths), where a median jumps a whole
+    #: grid step; their mean is the level.
+    mean: float | None = None
+    #: The lowest and highest of the healthy runs' own means in this phase (None: stored before they
+    #: were kept): how far apart healthy runs sit, for a metric read as a mean (``ranges.MEAN_READ``).
+    run_mean_low: float | None = None
+    run_mean_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"low": self.low, "high": self.high, "median": self.median, "n_points": self.n_points,
-                "noise": self.noise}
+                "noise": self.noise, "mean": self.mean, "run_mean_low": self.run_mean_low,
+                "run_mean_high": self.run_mean_high}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PhaseBand":
+        def opt(key: str) -> float | None:
+            return float(d[key]) if d.get(key) is not None else None
         return cls(float(d["low"]), float(d["high"]), float(d["median"]), int(d.get("n_points", 0)),
-                   float(d.get("noise") or 0.0))
+                   float(d.get("noise") or 0.0), opt("mean"), opt("run_mean_low"), opt("run_mean_high"))
 
 
 @dataclass
@@ -248,8 +259,10 @@ def build_baseline(task: str, runs: Sequence[Mapping[str, Curve]], *, early_poin
             used = max(used, len(chunks))
             v = np.concatenate(chunks)
             ql, qh = np.quantile(v, quantiles)
+            run_means = [float(np.mean(c)) for c in chunks]
             bands[phase] = PhaseBand(float(ql), float(qh), float(np.median(v)), int(v.size),
-                                     float(np.median(noises)) if noises else 0.0)
+                                     float(np.median(noises)) if noises else 0.0, float(np.mean(v)),
+                                     min(run_means), max(run_means))
         if all(bands.get(p) is None for p in PHASES):
             continue
         warning = (f"{name} outside the band of {used} healthy {task} run(s): "

@@ -32,6 +32,7 @@ from registry.analysis.diagnosis.types import (
     TriageStep,
 )
 from registry.analysis.diagnosis.ranges import resolve_ranges
+from registry.analysis.diagnosis.updates import without_self_comparisons
 
 #: What each role's detectors check, for the summary's "checked:" list.
 ROLE_CHECKS = {
@@ -62,6 +63,8 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
     curves, derived = with_windowed_episode_means(curves)
     healthy_params = baseline.hyperparams if baseline is not None else None
     hp = read_settings(params, framework, curves, healthy_params)
+    curves, left_out = without_self_comparisons(curves, hp)
+    derived = {**derived, **left_out}
     ctx = Context(curves, metrics, st, checkpoints, baseline, hp)
     not_judged, checked = _coverage(ctx)
     for _, detector in DETECTORS:

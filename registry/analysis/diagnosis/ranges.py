@@ -28,6 +28,11 @@ def baseline_source(baseline: Any) -> str:
 
 #: Quantities whose range learned from a baseline is widened below only (see :func:`resolve_range`).
 SCORE_QUANTITIES = frozenset({"reward", "return"})
+#: Metrics the detectors read as their mean over a window (joint.detect_advantage_degenerate): a baseline's
+#: range for them spans the healthy runs' own phase means. The share of zero-std groups of a batch of two
+#: prompts is 0, 0.5 or 1 at each step, so quantiles of the points span [0, 1] whatever the level, and
+#: widened by that width the range was [-1, 2].
+MEAN_READ = frozenset({"reward_zero_std_fraction"})
 
 
 def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: DiagnosisSettings,
@@ -40,7 +45,9 @@ def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: D
     ``quantity`` when there is no info) is widened below only: its top is the best level the
     healthy runs reached, and no run is unhealthy for doing better. Widened above too, the flat test
     measured progress on a scale three times too coarse (LunarLander's learned range was [-602, +579], and
-    a healthy run's rise from -167 to -36 was 11% of it: "barely improves").
+    a healthy run's rise from -167 to -36 was 11% of it: "barely improves"). For :data:`MEAN_READ` it is
+    the lowest and highest of the healthy runs' own phase means, not widened (they are how far apart
+    healthy runs sit), marked ``"read_as": "mean"``.
     """
     quantity = info.quantity if info is not None and info.quantity else quantity
     low = info.healthy_low if info is not None else None
@@ -52,6 +59,9 @@ def resolve_range(name: str, info: MetricInfo | None, baseline: Any, settings: D
     if baseline is not None and name in baseline.metrics and not getattr(baseline, "weak", False):
         mb = baseline.metrics[name]
         bands = [b for b in (mb.early, mb.mid, mb.late) if b]
+        if bands and name in MEAN_READ and all(b.run_mean_low is not None for b in bands):
+            return {"low": min(b.run_mean_low for b in bands), "high": max(b.run_mean_high for b in bands),
+                    "source": baseline_source(baseline), "read_as": "mean"}
         if bands:
             lo, hi = min(b.low for b in bands), max(b.high for b in bands)
             pad = settings.baseline_range_widen * max(hi - lo, 1e-12)

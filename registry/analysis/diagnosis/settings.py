@@ -127,6 +127,10 @@ class DiagnosisSettings:
     flat_max_level: float = 0.8
     #: Without a healthy range: flat when the relative improvement is below this.
     flat_min_rel_improvement: float = 0.03
+    #: Without a healthy range, a language model's batch reward is also flat when its late mean is above
+    #: its early mean by less than this many standard errors of that difference: a gain the batch noise
+    #: could make (the conventional two-sided 5% level), whatever its size relative to the reward's level.
+    flat_llm_gain_se: float = 2.0
     #: Reward flat needs at least this many logged points (else it is only info).
     flat_min_points: int = 20
     #: A control run whose policy ended as random as it started (late entropy at least this
@@ -330,6 +334,10 @@ class DiagnosisSettings:
     #: critical from this level, and a rise from the early to the late part of the run that is
     #: a warning whatever the level.
     zero_std_critical: float = 0.8
+    #: Beside a baseline, a zero-std share is above the healthy runs only when its late mean is above
+    #: the highest healthy run's by this many standard errors of that mean (a batch of two prompts gives
+    #: shares of 0, 0.5 or 1: a 45-point mean moves by ~0.05 from batch luck alone).
+    zero_std_above_healthy_se: float = 2.0
     zero_std_rise: float = 0.3
     #: KL coefficient and KL "move": rank correlation with time at least this and a relative
     #: change at least ``coupled_min_change`` from the early to the late part.

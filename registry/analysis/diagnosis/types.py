@@ -243,8 +243,8 @@ class Diagnosis:
     ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: "llm" or "control" (or None): how the texts are worded.
     run_kind: str | None = None
-    #: Curves the diagnosis derived because the run lacks them: name -> {"from": source metric, "text": how}
-    #: (a windowed episode mean from a per-episode series).
+    #: Curves the diagnosis derived or read in part: name -> {"from": source metric, "text": how} (a windowed
+    #: episode mean from a per-episode series; a clip fraction without its self-comparing points).
     derived: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property

@@ -3,6 +3,7 @@ reward is still rising at its last logged step (read by the clip fraction and by
 a reward sits in its task range, and which warnings say the updates were unstable over some steps."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,3 +144,31 @@ def return_at_top(ctx: Context, start: int, end: int) -> tuple[float, float] | N
     final = float(np.median(rv))
     level = level_in_task_range(ctx, rname, final)
     return (final, level) if level is not None and level >= ctx.s.flat_max_level else None
+
+
+def by_chance(ctx: Context, at_value: np.ndarray, a: int, b: int) -> bool:
+    """Is the stretch ``a..b`` (its points at one value: zero, or the value a constant stretch holds, or
+    mostly so when a rolling median found it) as likely as chance makes it, given how often the series
+    takes that value elsewhere? A batch statistic over a few samples takes few values: a language-model
+    accuracy of 15% over 8 completions is 0 at a quarter of its steps, a mean in sixteenths sits at its
+    commonest value at a third of them, a reward std over two groups is 0 whenever both agree. Such a
+    stretch counts when that many of its points at that value had less than a 1% chance anywhere in the
+    series at that rate (the binomial tail, spread over the series' positions)."""
+    if ctx.run_kind == "control":
+        return False
+    outside = np.concatenate([at_value[:a], at_value[b + 1:]])
+    rate = float(np.mean(outside)) if outside.size else 0.0
+    if rate <= 0.0:
+        return False
+    if rate >= 1.0:
+        return True
+    m, k = b - a + 1, int(np.sum(at_value[a:b + 1]))
+    return _log_binomial_tail(m, k, rate) > math.log(0.01 / at_value.size)
+
+
+def _log_binomial_tail(m: int, k: int, p: float) -> float:
+    """log P(X >= k) for X ~ Binomial(m, p), summed in logs (m is a few hundred points at most)."""
+    terms = [math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1) + j * math.log(p)
+             + (m - j) * math.log1p(-p) for j in range(k, m + 1)]
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms))

@@ -15,6 +15,7 @@ from registry.analysis.diagnosis.signal import (
     window_ends,
 )
 from registry.analysis.diagnosis.types import Finding
+from registry.analysis.diagnosis.detectors.common import by_chance
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,7 +156,9 @@ def detect_signal_collapse(ctx: Context) -> list[Finding]:
         if low is not None and low > 0:
             thr = min(max(thr, low), 0.5 * ref)
         s = rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered")
-        spans = [(a, b) for a, b in runs(s <= thr, M) if a > 0]
+        # A language model's reward std is 0 at every step all its few groups agree: a stretch of such steps
+        # no longer than their rate elsewhere makes likely is that rate, which advantage_degenerate reads.
+        spans = [(a, b) for a, b in runs(s <= thr, M) if a > 0 and not by_chance(ctx, sr.y <= thr, a, b)]
         if not spans:
             continue
         a, b = spans[0]

@@ -60,6 +60,13 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         learned = None if unstable else _learned_through(ctx, start, stop)
         if learned is None and not unstable_updates(ctx, since, stop, "critical"):
             learned = _held_at_top(ctx, start, stop)
+        if ctx.run_kind != "control":
+            end, lvl_end = _stays_down(ctx, y, c, thr, M)
+            # Its level over the whole stretch it stays down, not at the stretch's last points (the bottom,
+            # just before it climbs back).
+            learned = _where_healthy_runs_are(ctx, name, sr.step_end(end), float(np.median(y[c:end + 1])))
+            if learned is not None:
+                stop = sr.step_end(end)
         if learned is not None and not _entropy_penalised(ctx):
             words, evidence = learned
             # "findings", not "warnings": a KL spike that nothing followed becomes information afterwards.
@@ -68,13 +75,14 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
             found.append(ctx.finding(
                 "entropy_collapse", name, start, stop, "info",
                 f"entropy fell fast: {lvl_b:.3g} -> {lvl_a:.3g} within {(c - a + G) * sr.bin_size} points, {words}, "
-                f"{beside} the policy sharpened as it learned",
+                f"{beside} the policy sharpened as {'it learned' if ctx.run_kind == 'control' else 'they do'}",
                 evidence={"level_before": lvl_b, "level_after": lvl_a, "ratio": ratio, "cliff_step": sr.step(c),
                           "learning": 1.0, **evidence},
                 check=["the return, if it stops improving while the entropy keeps falling"],
                 related=["kl_old_mean", "clip_fraction"]))
             continue
-        end, lvl_end = _stays_down(ctx, y, c, thr, M) if ctx.run_kind != "control" else (end, lvl_a)
+        if ctx.run_kind == "control":
+            lvl_end = lvl_a
         deeper = lvl_end < 0.5 * lvl_a          # it kept falling after the cliff, as a collapse to one answer does
         sev = "critical" if (min(ratio, lvl_end / lvl_b) <= st.cliff_critical_ratio
                              or (elow is not None and lvl_a < elow)) else "warning"
@@ -101,6 +109,30 @@ def _stays_down(ctx: Context, y: np.ndarray, c: int, thr: float, M: int) -> tupl
     seg = merge_close(runs(y[c:] < thr), M)
     end = c + (seg[0][1] if seg and seg[0][0] <= M else 0)
     return end, float(np.median(y[max(c, end - M + 1):end + 1]))
+
+
+def _where_healthy_runs_are(ctx: Context, name: str, end: int, level: float) -> tuple[str, dict] | None:
+    """Words and evidence when a language model's token entropy, after its cliff, stays (to step ``end``)
+    at or above the low of the band the task's healthy runs have in the phase the run is in or heading
+    into; None otherwise, and without a baseline of three or more runs. A language model's entropy
+    halving within a few batches is how a small policy commits to an answer format; whether that is a
+    collapse is told by where it lands: healthy seeds of the task land there too (0.3-0.5 from 1.0),
+    collapsed ones far below (0.0003-0.04)."""
+    base = ctx.baseline
+    if base is None or base.weak or name not in base.metrics:
+        return None
+    mb = base.metrics[name]
+    for phase in ("early", "mid", "late"):
+        bounds, band = base.phase_bounds(phase), mb.band(phase)
+        if bounds is not None and band is not None and end <= bounds[1]:
+            break
+    else:
+        return None
+    if level < band.low:
+        return None
+    return (f"and stayed at {level:.3g} to step {end}, inside the band of the task's {mb.n_runs} healthy runs by "
+            f"then ({phase}: {band.low:.3g}-{band.high:.3g})",
+            {"level_end": level, "healthy_band_low": band.low, "healthy_band_high": band.high})
 
 
 def _entropy_penalised(ctx: Context) -> bool:

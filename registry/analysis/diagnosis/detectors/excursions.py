@@ -81,7 +81,17 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     if float(np.median(after)) < float(np.median(before)) - fallen:
         return False
     tol = int(st.joint_overlap_frac * ctx.span)
-    return not any(g not in episode and g.at_least("warning") and g.end >= start - tol for g in findings)
+    return not any(g not in episode and g.at_least("warning") and g.end >= start - tol
+                   and not _judged_over_the_run(g) for g in findings)
+
+
+def _judged_over_the_run(f: Finding) -> bool:
+    """A finding about the run's progress as a whole (a reward flat or slow over it, an entropy narrowing
+    beside such a reward, a share of zero-std groups read over it): not something one excursion leads
+    to, so it says nothing of what followed one. A drop, a collapse or a spike is."""
+    return (f.detector in ("reward_flat", "reward_slow")
+            or f.detector == "entropy_collapse" and bool(f.evidence.get("gradual"))
+            or f.detector == "advantage_degenerate" and "rank_corr" in f.evidence)
 
 
 def _loss_that_counts(ctx: Context, reward: str, start: int, end: int) -> float:

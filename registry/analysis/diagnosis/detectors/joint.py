@@ -120,6 +120,9 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
             corr = rank_corr(rolling_median(sr.y, max(1, ctx.window(name, sr)), "centered"))
             rising = late - early >= st.zero_std_rise and corr >= 0.5
             _, high = ctx.range(name)
+            if high is not None and ctx.ranges_used[name].get("read_as") == "mean" and e >= 3:
+                # The highest healthy run's mean: above it by more than this run's own batch luck.
+                high += st.zero_std_above_healthy_se * float(np.std(sr.y[-e:], ddof=1)) / np.sqrt(e)
             if (high is not None and late >= high) or rising:
                 # A share that was already this high at the start and did not rise is the task's own (a sparse
                 # reward over small groups): information while the reward improves anyway, unless most groups

@@ -2,7 +2,6 @@
 drifting. A falling reward is ``reward_falls``."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -15,7 +14,7 @@ from registry.analysis.diagnosis.signal import (
     runs,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import range_words, reward_still_rising, top
+from registry.analysis.diagnosis.detectors.common import by_chance, range_words, reward_still_rising, top
 
 
 # ---------------------------------------------------------------------------------------
@@ -39,7 +38,7 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if a == 0:
                 continue
             pre = y[max(0, a - M):a]
-            if np.median(np.abs(pre)) <= tol or _by_chance(ctx, zero, a, b):
+            if np.median(np.abs(pre)) <= tol or by_chance(ctx, zero, a, b):
                 continue
             to_end = b == n - 1
             found.append(ctx.finding(
@@ -72,7 +71,7 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
             if ctx.run_kind == "control":
                 found.append(_episode_stats_constant(ctx, name, sr, a0, b, level, pre, worst, to_end))
                 continue
-            if level >= float(np.max(y)) - tol or _by_chance(ctx, np.abs(y - level) <= tol, a0, b):
+            if level >= float(np.max(y)) - tol or by_chance(ctx, np.abs(y - level) <= tol, a0, b):
                 # The best value the reward ever took, held by every sample of the batch (a component such as a
                 # format check that every completion passes: TRL's rewards/format_reward/mean at 1), or a value
                 # a batch mean takes often enough to repeat by chance: not a fault.
@@ -92,21 +91,6 @@ def detect_reward_zero(ctx: Context) -> list[Finding]:
                 detected_at=sr.step(min(a0 + M - 1, n - 1))))
         out.extend(top(found, ctx, "points"))
     return out
-
-
-def _by_chance(ctx: Context, at_value: np.ndarray, a: int, b: int) -> bool:
-    """Is the stretch ``a..b`` of points at one value (zero, or the value a constant stretch holds) as
-    long as chance makes likely, given how often the reward takes that value elsewhere? A batch mean over
-    a few samples takes few values: a language-model accuracy of 15% over 8 completions is 0 at a quarter
-    of its steps, and a mean in sixteenths sits at its commonest value at a third of them. Such a stretch
-    counts when one that long had less than a 1% chance anywhere in the series at that rate."""
-    if ctx.run_kind == "control":
-        return False
-    outside = np.concatenate([at_value[:a], at_value[b + 1:]])
-    rate = float(np.mean(outside)) if outside.size else 0.0
-    if rate <= 0.0:
-        return False
-    return (b - a + 1) * math.log(rate) > math.log(0.01 / at_value.size)
 
 
 def _episode_stats_constant(ctx: Context, name: str, sr, a0: int, b: int, level: float, pre: np.ndarray,
@@ -163,12 +147,15 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     # A drop or a stuck reward speaks for the reward; an episode mean merely not re-measured for a few
     # updates (reward_zero as information) says nothing about whether the run learned. A language model's
     # reward component that hit zero for a while (its accuracy, during a blow-up) does not speak for the
-    # total over the run.
-    if name is None or any(f.at_least("warning") and (ctx.run_kind == "control" or f.metric == name)
-                           for d in ("reward_drop", "reward_zero") for f in ctx.overlapping(d, -2**62, 2**62)):
+    # total over the run, nor does a fall of the total it climbed out of (a blow-up at steps 62-86 of 300).
+    if name is None:
         return []
     sr = ctx.series(name)
     n = sr.n
+    to_the_end = sr.step_end(max(0, n - 1 - ctx.persist(n)))
+    if any(f.at_least("warning") and (ctx.run_kind == "control" or f.metric == name and f.end >= to_the_end)
+           for d in ("reward_drop", "reward_zero") for f in ctx.overlapping(d, -2**62, 2**62)):
+        return []
     if n < 6:
         return []
     hib = ctx.higher_is_better(name)
@@ -178,10 +165,15 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     if not hib:
         low, high = (None if high is None else -high), (None if low is None else -low)
     st = ctx.s
+    # A language model's reward per step is a mean over a few completions, on a grid of eighths or
+    # sixteenths: the median of a window jumps a grid step (0.5625 -> 0.5 where the means went
+    # 0.58 -> 0.69), their mean is the level. A control run's windowed episode mean has outliers
+    # (a crashed episode) a median ignores.
+    level_of = np.median if ctx.run_kind == "control" else np.mean
 
     def judge(p: int) -> tuple[bool, float, float, float, float, tuple[float, float] | None]:
         e = ctx.early(p)
-        early, late = float(np.median(y[:e])), float(np.median(y[p - e:p]))
+        early, late = float(level_of(y[:e])), float(level_of(y[p - e:p]))
         kept = _entropy_kept(ctx, sr, p)
         if low is not None and high is not None and high > low:
             width = high - low
@@ -190,7 +182,8 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
             return imp < enough and level < st.flat_max_level, early, late, imp, level, kept
         rel = (late - early) / max(abs(early), abs(late), TINY)
         enough = st.flat_unsharpened_improvement if kept else st.flat_min_rel_improvement
-        return rel < enough, early, late, rel, float("nan"), kept
+        t = _gain_in_standard_errors(ctx, y[:e], y[p - e:p])
+        return (rel < enough or t is not None and t < st.flat_llm_gain_se), early, late, rel, float("nan"), kept
 
     flat, early, late, imp, level, kept = judge(n)
     if not flat:
@@ -204,8 +197,12 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     p_first = int(grid[bad[-1] + 1]) if bad.size else int(grid[0])
     sev = "warning" if n >= st.flat_min_points else "info"
     ranged = not np.isnan(level)
+    e = ctx.early(n)
+    t = None if ranged else _gain_in_standard_errors(ctx, y[:e], y[n - e:])
     title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
              + (f" ({100 * imp:.1f}% of {range_words(ctx, name)}, at {100 * level:.0f}% of it)" if ranged
+                else f" ({100 * imp:.1f}% relative, {t:.1f} standard errors of its batch noise: a gain chance "
+                     f"could make)" if t is not None and t < st.flat_llm_gain_se
                 else f" ({100 * imp:.1f}% relative)")
              + (f", and the policy ends as random as it started (entropy {kept[0]:.3g} -> {kept[1]:.3g})"
                 if kept else ""))
@@ -227,8 +224,20 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
 
 
+def _gain_in_standard_errors(ctx: Context, early: np.ndarray, late: np.ndarray) -> float | None:
+    """A language model's reward gain (late mean over early mean) in standard errors of that difference;
+    None for a control run or too few points. Under ``flat_llm_gain_se`` it is a gain the batch noise
+    could make: a relative gain means little for a reward whose level is set by a format bonus (0.6 ->
+    0.64 is 7%)."""
+    if ctx.run_kind == "control" or min(early.size, late.size) < 3:
+        return None
+    se = float(np.sqrt(np.var(early, ddof=1) / early.size + np.var(late, ddof=1) / late.size))
+    gain = float(np.mean(late) - np.mean(early))
+    return gain / se if se > TINY else (np.inf if gain > 0 else -np.inf if gain < 0 else 0.0)
+
+
 def _healthy_runs_gain(ctx: Context, name: str) -> float | None:
-    """What the task's healthy runs gained (their late band's median over their early one's) when a
+    """What the task's healthy runs gained (their late band's mean over their early one's) when a
     language model's reward is judged against a baseline; None otherwise. A batch reward over a few
     completions spreads its healthy band over its noise, so a range learned from it is far wider than
     what runs gain, and a healthy seed's slow rise reads as flat on it; half the healthy runs' own gain is
@@ -239,7 +248,9 @@ def _healthy_runs_gain(ctx: Context, name: str) -> float | None:
     mb = base.metrics[name]
     if mb.early is None or mb.late is None:
         return None
-    gain = (mb.late.median - mb.early.median) * (1.0 if ctx.higher_is_better(name) else -1.0)
+    early, late = ((mb.early.mean, mb.late.mean) if mb.early.mean is not None and mb.late.mean is not None
+                   else (mb.early.median, mb.late.median))
+    gain = (late - early) * (1.0 if ctx.higher_is_better(name) else -1.0)
     return gain if gain > 0 else None
 
 
