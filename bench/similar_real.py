@@ -57,22 +57,32 @@ VERDICT = {"healthy": "success", "problem": "failed"}
 K = 10
 
 
+def labelled_set(root: Path) -> tuple[dict, dict[str, str]]:
+    """A labelled set's labels, and each run's part: every held-out batch counts as held out here (the
+    outcome vote was not changed for any of them)."""
+    labels = yaml.safe_load((root / "labels.yaml").read_text())["runs"]
+    split = yaml.safe_load((root / "split.yaml").read_text())
+    return labels, {n: ("tuning" if p == "tuning" else "held_out") for p, names in split.items() for n in names}
+
+
+def add_labelled(reg: Registry, truth: dict[str, str | None], name: str, label: str, path: Path, **how) -> None:
+    """Register one labelled run with its verdict (none for a borderline run) and its embeddings."""
+    res = reg.register(path, name=name, **how)
+    truth[name] = VERDICT.get(label)
+    if truth[name]:
+        reg.set_outcome(name, verdict=truth[name])
+    with reg.transaction() as s:
+        refresh_embeddings(s, res.run_id)
+
+
 def build(url: str) -> tuple[Registry, dict[str, str | None], dict[str, str]]:
-    labels = yaml.safe_load((RUNS / "labels.yaml").read_text())["runs"]
-    split = yaml.safe_load((RUNS / "split.yaml").read_text())
-    # every held-out batch counts as held out here: the outcome vote was not changed for any of them
-    part = {n: ("tuning" if p == "tuning" else "held_out") for p, names in split.items() for n in names}
+    labels, part = labelled_set(RUNS)
     reg = Registry(url)
     truth: dict[str, str | None] = {}
     for name, lab in sorted(labels.items()):
         params = json.loads((RUNS / name / "params.json").read_text())
-        res = reg.register(RUNS / name, name=name, algorithm="ppo", framework="stable-baselines3",
-                           task=params["env"])
-        truth[name] = VERDICT.get(lab["label"])
-        if truth[name]:
-            reg.set_outcome(name, verdict=truth[name])
-        with reg.transaction() as s:
-            refresh_embeddings(s, res.run_id)
+        add_labelled(reg, truth, name, lab["label"], RUNS / name, algorithm="ppo", framework="stable-baselines3",
+                     task=params["env"])
     res = reg.register(CLEANRL, name="cleanrl_ppo_cartpole", algorithm="ppo", framework="cleanrl",
                        task="CartPole-v1")
     with reg.transaction() as s:
@@ -101,20 +111,13 @@ def build_both(url: str) -> tuple[Registry, dict[str, tuple[str, str, str]]]:
 
 def build_trl(url: str) -> tuple[Registry, dict[str, str | None], dict[str, str]]:
     """The labelled real TRL GRPO set (one task), each run with its verdict and its part."""
-    labels = yaml.safe_load((TRL_SWEEP / "labels.yaml").read_text())["runs"]
-    split = yaml.safe_load((TRL_SWEEP / "split.yaml").read_text())
-    part = {n: ("tuning" if p == "tuning" else "held_out") for p, names in split.items() for n in names}
+    labels, part = labelled_set(TRL_SWEEP)
     reg = Registry(url)
     truth: dict[str, str | None] = {}
     for name, lab in sorted(labels.items()):
         (run_dir,) = (TRL_SWEEP / name / "runs").iterdir()
-        res = reg.register(run_dir, name=name, algorithm="grpo", framework="trl", task=lab["env"],
-                           params=json.loads((TRL_SWEEP / name / "config.json").read_text()))
-        truth[name] = VERDICT.get(lab["label"])
-        if truth[name]:
-            reg.set_outcome(name, verdict=truth[name])
-        with reg.transaction() as s:
-            refresh_embeddings(s, res.run_id)
+        add_labelled(reg, truth, name, lab["label"], run_dir, algorithm="grpo", framework="trl", task=lab["env"],
+                     params=json.loads((TRL_SWEEP / name / "config.json").read_text()))
     return reg, truth, part
 
 

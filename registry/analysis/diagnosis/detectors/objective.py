@@ -2,7 +2,6 @@
 drifting. A falling reward is ``reward_falls``."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
