@@ -65,6 +65,12 @@ def labelled_set(root: Path) -> tuple[dict, dict[str, str]]:
     return labels, {n: ("tuning" if p == "tuning" else "held_out") for p, names in split.items() for n in names}
 
 
+def logger_run_dir(root: Path, name: str) -> Path:
+    """The one run directory a framework's logger made under ``<run>/runs/`` (CleanRL's, transformers')."""
+    (inner,) = (root / name / "runs").iterdir()
+    return inner
+
+
 def add_labelled(reg: Registry, truth: dict[str, str | None], name: str, label: str, path: Path, **how) -> None:
     """Register one labelled run with its verdict (none for a borderline run) and its embeddings."""
     res = reg.register(path, name=name, **how)
@@ -98,7 +104,7 @@ def build_both(url: str) -> tuple[Registry, dict[str, tuple[str, str, str]]]:
         for name, lab in sorted(yaml.safe_load((root / "labels.yaml").read_text())["runs"].items()):
             if not (root / name).is_dir():
                 continue
-            path = root / name if framework == "stable-baselines3" else next((root / name / "runs").iterdir())
+            path = root / name if framework == "stable-baselines3" else logger_run_dir(root, name)
             res = reg.register(path, name=f"{framework}:{name}", algorithm="ppo", framework=framework, task=lab["env"])
             verdict = VERDICT.get(lab["label"])
             if verdict:
@@ -115,9 +121,9 @@ def build_trl(url: str) -> tuple[Registry, dict[str, str | None], dict[str, str]
     reg = Registry(url)
     truth: dict[str, str | None] = {}
     for name, lab in sorted(labels.items()):
-        (run_dir,) = (TRL_SWEEP / name / "runs").iterdir()
-        add_labelled(reg, truth, name, lab["label"], run_dir, algorithm="grpo", framework="trl", task=lab["env"],
-                     params=json.loads((TRL_SWEEP / name / "config.json").read_text()))
+        params = json.loads((TRL_SWEEP / name / "config.json").read_text())
+        add_labelled(reg, truth, name, lab["label"], logger_run_dir(TRL_SWEEP, name), algorithm="grpo",
+                     framework="trl", task=lab["env"], params=params)
     return reg, truth, part
 
 

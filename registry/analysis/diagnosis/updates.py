@@ -18,7 +18,8 @@ from registry.analysis.diagnosis.settings import METRIC_ROLES
 from registry.analysis.diagnosis.types import Curve
 
 
-def without_self_comparisons(curves: Mapping[str, Curve], hp: Any) -> tuple[dict[str, Curve], dict[str, dict[str, str]]]:
+def without_self_comparisons(curves: Mapping[str, Curve],
+                             hp: Any) -> tuple[dict[str, Curve], dict[str, dict[str, str]]]:
     """``curves`` with the clip-fraction points at a TRL run's generation steps left out when the run makes
     several updates per batch, and what was left out: clip name -> {"from", "text"}."""
     out = dict(curves)
@@ -42,7 +43,8 @@ def without_self_comparisons(curves: Mapping[str, Curve], hp: Any) -> tuple[dict
         out[name] = Curve(np.asarray(c.steps)[keep], np.asarray(c.values)[keep])
         changed[name] = {
             "from": name,
-            "text": f"{name} read on the updates after each batch's first: with {setting.name} = {setting.value:g}, the first "
-                    f"update on a generated batch compares the policy with itself (ratio 1, nothing clipped), so "
-                    f"its {int((~keep).sum())} points (the steps the reward is logged at) are left out"}
+            "text": f"{name} read on the updates after each batch's first: with {setting.name} = "
+                    f"{setting.value:g}, the first update on a generated batch compares the policy with itself "
+                    f"(ratio 1, nothing clipped), so its {int((~keep).sum())} points (the steps the reward is "
+                    f"logged at) are left out"}
     return out, changed

@@ -10,7 +10,7 @@ import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.ranges import baseline_source
-from registry.analysis.diagnosis.signal import rank_corr, rolling_median
+from registry.analysis.diagnosis.signal import rank_corr, rolling_mean, rolling_median
 from registry.analysis.diagnosis.types import Finding
 
 
@@ -172,3 +172,18 @@ def _log_binomial_tail(m: int, k: int, p: float) -> float:
              + (m - j) * math.log1p(-p) for j in range(k, m + 1)]
     top = max(terms)
     return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
+def reward_level(ctx: Context, values: np.ndarray) -> float:
+    """The level of a stretch of reward points: their mean for a language model, whose reward per step is
+    a mean over a few completions on a grid of eighths or sixteenths (a median jumps a grid step: 0.5625
+    -> 0.5 where the batch means went 0.58 -> 0.69); their median for a control run, whose windowed
+    episode mean has outliers (a crashed episode) a median ignores."""
+    return float((np.median if ctx.run_kind == "control" else np.mean)(values))
+
+
+def rolling_reward_level(ctx: Context, y: np.ndarray, w: int, mode: str = "centered") -> np.ndarray:
+    """:func:`reward_level` over a rolling window of ``w`` points (a rolling median's lucky stretch of a
+    batch reward made a "best" of 0.94 where the batches averaged 0.75)."""
+    return (rolling_median if ctx.run_kind == "control" else rolling_mean)(y, w, mode)
+

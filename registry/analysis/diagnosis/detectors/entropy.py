@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from registry.analysis.diagnosis.baseline import PHASES
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.signal import (
     TINY,
@@ -122,7 +123,7 @@ def _where_healthy_runs_are(ctx: Context, name: str, end: int, level: float) -> 
     if base is None or base.weak or name not in base.metrics:
         return None
     mb = base.metrics[name]
-    for phase in ("early", "mid", "late"):
+    for phase in PHASES:
         bounds, band = base.phase_bounds(phase), mb.band(phase)
         if bounds is not None and band is not None and end <= bounds[1]:
             break

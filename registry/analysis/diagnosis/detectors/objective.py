@@ -13,7 +13,13 @@ from registry.analysis.diagnosis.signal import (
     runs,
 )
 from registry.analysis.diagnosis.types import Finding
-from registry.analysis.diagnosis.detectors.common import by_chance, range_words, reward_still_rising, top
+from registry.analysis.diagnosis.detectors.common import (
+    by_chance,
+    range_words,
+    reward_level,
+    reward_still_rising,
+    top,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,27 +170,22 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     if not hib:
         low, high = (None if high is None else -high), (None if low is None else -low)
     st = ctx.s
-    # A language model's reward per step is a mean over a few completions, on a grid of eighths or
-    # sixteenths: the median of a window jumps a grid step (0.5625 -> 0.5 where the means went
-    # 0.58 -> 0.69), their mean is the level. A control run's windowed episode mean has outliers
-    # (a crashed episode) a median ignores.
-    level_of = np.median if ctx.run_kind == "control" else np.mean
 
-    def judge(p: int) -> tuple[bool, float, float, float, float, tuple[float, float] | None]:
+    def judge(p: int) -> tuple[bool, float, float, float, float, tuple[float, float] | None, float | None]:
         e = ctx.early(p)
-        early, late = float(level_of(y[:e])), float(level_of(y[p - e:p]))
+        early, late = reward_level(ctx, y[:e]), reward_level(ctx, y[p - e:p])
         kept = _entropy_kept(ctx, sr, p)
         if low is not None and high is not None and high > low:
             width = high - low
             imp, level = (late - early) / width, (late - low) / width
             enough = st.flat_unsharpened_improvement if kept else st.flat_min_improvement
-            return imp < enough and level < st.flat_max_level, early, late, imp, level, kept
+            return imp < enough and level < st.flat_max_level, early, late, imp, level, kept, None
         rel = (late - early) / max(abs(early), abs(late), TINY)
         enough = st.flat_unsharpened_improvement if kept else st.flat_min_rel_improvement
         t = _gain_in_standard_errors(ctx, y[:e], y[p - e:p])
-        return (rel < enough or t is not None and t < st.flat_llm_gain_se), early, late, rel, float("nan"), kept
+        return (rel < enough or t is not None and t < st.flat_llm_gain_se), early, late, rel, float("nan"), kept, t
 
-    flat, early, late, imp, level, kept = judge(n)
+    flat, early, late, imp, level, kept, t = judge(n)
     if not flat:
         return _reward_plateau(ctx, name, sr, y, sign, low, high)
     healthy_gain = _healthy_runs_gain(ctx, name)
@@ -196,8 +197,6 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
     p_first = int(grid[bad[-1] + 1]) if bad.size else int(grid[0])
     sev = "warning" if n >= st.flat_min_points else "info"
     ranged = not np.isnan(level)
-    e = ctx.early(n)
-    t = None if ranged else _gain_in_standard_errors(ctx, y[:e], y[n - e:])
     title = (f"reward barely improves: {sign * early:.4g} -> {sign * late:.4g}"
              + (f" ({100 * imp:.1f}% of {range_words(ctx, name)}, at {100 * level:.0f}% of it)" if ranged
                 else f" ({100 * imp:.1f}% relative, {t:.1f} standard errors of its batch noise: a gain chance "

@@ -11,7 +11,6 @@ from registry.analysis.diagnosis.signal import (
     Series,
     merge_close,
     noise_sigma,
-    rolling_mean,
     rolling_median,
     runs,
     shift,
@@ -21,6 +20,8 @@ from registry.analysis.diagnosis.types import Finding
 from registry.analysis.diagnosis.detectors.common import (
     instability_words,
     range_words,
+    reward_level,
+    rolling_reward_level,
     top,
     unstable_updates,
 )
@@ -136,11 +137,8 @@ def _reward_regression(ctx: Context, name: str, sr: Series, y: np.ndarray, sign:
         return []
     ranged = low is not None and high is not None and high > low
     window = max(3, ctx.window(name, sr))
-    # A language model's batch reward lies on a grid (sixteenths): a rolling median of it jumps a grid step
-    # on a lucky stretch (a "best" of 0.94 where the batches averaged 0.75), its mean does not.
-    llm = ctx.run_kind != "control"
-    s = (rolling_mean if llm else rolling_median)(y, window, "centered")
-    y0 = float((np.mean if llm else np.median)(y[:ctx.early(n)]))
+    s = rolling_reward_level(ctx, y, window, "centered")
+    y0 = reward_level(ctx, y[:ctx.early(n)])
     best = np.maximum.accumulate(s)
     gain, lost = best - y0, best - s
     scale = np.full(n, high - low) if ranged else np.maximum(abs(y0), np.abs(best))
