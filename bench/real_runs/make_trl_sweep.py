@@ -79,6 +79,17 @@ SWEEP: dict[str, tuple[int, dict]] = {
     "maxlen_2_s28": (28, {"max_completion_length": 2}),
     "temp_0.5_s29": (29, {"temperature": 0.5}),
     "groups_2_s30": (30, {"num_generations": 2}),
+    # A third held-out batch, placed before it was trained, after every change prompted by the second had landed: new
+    # seeds, new strengths (learning rate 17x high and 10x low, beta 50x, three updates per batch with TRL's epsilon,
+    # temperature 0.7), and settings that should stay healthy (groups of 8, a maximum length of 4 tokens).
+    **{f"default_s{s}": (s, {}) for s in range(31, 34)},
+    "lr_5e-2_s34": (34, {"learning_rate": 5e-2}),
+    "lr_3e-4_s35": (35, {"learning_rate": 3e-4}),
+    "beta_2_s36": (36, {"beta": 2.0}),
+    "iters_3_s37": (37, {"num_iterations": 3}),
+    "temp_0.7_s38": (38, {"temperature": 0.7}),
+    "groups_8_s39": (39, {"num_generations": 8}),
+    "maxlen_4_s40": (40, {"max_completion_length": 4}),
 }
 
 
