@@ -109,8 +109,13 @@ def _reward_constant(ctx: Context) -> float | None:
         return None
     y = sr.raw_values
     scale = max(float(np.max(np.abs(y))), 1e-12)
-    share = float(np.mean(np.abs(y - np.median(y)) <= 1e-9 * scale))
-    return float(np.median(y)) if share >= ctx.s.cause_constant_share else None
+    at = np.abs(y - np.median(y)) <= 1e-9 * scale
+    if float(np.mean(at)) < ctx.s.cause_constant_share:
+        return None
+    # A reward that had other values first and then stuck (a collapse to empty or run-on answers) is not a
+    # sparse reward exploration never found: the run's first stretch must sit at that value too.
+    first = at[:max(4, int(np.ceil(ctx.s.cause_constant_first_frac * at.size)))]
+    return float(np.median(y)) if float(np.mean(first)) >= ctx.s.cause_constant_share else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,11 +382,14 @@ def group_small(hp: RunSettings, ctx: Context, start: int, end: int) -> Cause | 
     mine = _identical_share(p, s.value)
     ev = [s.describe(), f"pass rate {p:.2f} over these steps: {100 * mine:.0f}% of groups of {s.value:g} are "
                         f"expected to get identical rewards"]
-    if ref is not None and ref > s.value:
-        theirs = _identical_share(p, ref)
-        ev.append(f"{100 * theirs:.0f}% with groups of {ref:g}")
-        if mine < 3 * theirs:
-            return None
+    if ref is not None and ref <= s.value:
+        return None                    # the reference (the healthy runs', else the default) uses no larger groups
+    # Larger groups must make identical rewards much rarer: at a pass rate of 0 or 1 no group size helps.
+    larger = ref if ref is not None else 2 * s.value
+    theirs = _identical_share(p, larger)
+    ev.append(f"{100 * theirs:.0f}% with groups of {larger:g}")
+    if mine < 3 * theirs:
+        return None
     if mine < 0.3:
         return None
     sup = 0.5
@@ -428,7 +436,8 @@ def gamma_short(hp: RunSettings, ctx: Context, *_: Any) -> Cause | None:
 #: at the return's cap), nor one that shrinks it why they are too large.
 OPPOSITE_CAUSES: dict[str, frozenset[str]] = {
     **dict.fromkeys(("clip_low", "reward_slow"), frozenset({"learning_rate_high", "n_epochs_high"})),
-    **dict.fromkeys(("kl_spike", "kl_climb", "clip_high", "policy_loss_growing"),
+    # Smaller steps do not make the update, or the gradient it is measured from, jump.
+    **dict.fromkeys(("kl_spike", "kl_climb", "clip_high", "policy_loss_growing", "grad_norm_spikes"),
                     frozenset({"learning_rate_low", "n_epochs_low"})),
 }
 
@@ -442,9 +451,11 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
         return None
     s = off[0]
-    rest = [t.describe() for t in hp.settings.values() if t is not s]
+    rest = [t.describe() for t in hp.settings.values() if t is not s and t.reference is not None]
+    unjudged = [t.describe() for t in hp.settings.values() if t is not s and t.reference is None]
     return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
-                 NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else []),
+                 NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else [])
+                 + ([f"no reference to judge them by: {'; '.join(unjudged)}"] if unjudged else []),
                  f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
 
 
@@ -459,7 +470,25 @@ def _length_not_binding(s: Setting, ctx: Context) -> bool:
     if s.healthy is not None and not s.off(ctx.s.cause_setting_factor):
         return True                     # the healthy runs of the task use this limit and are not cut by it
     _, high = ctx.range(name)
-    return high is not None and float(np.median(ctx.series(name).y)) <= high
+    if high is None:
+        return False
+    return float(np.median(ctx.series(name).y)) <= high or _room_before_cut(s, ctx, name, high)
+
+
+def _room_before_cut(s: Setting, ctx: Context, trunc: str, high: float) -> bool:
+    """Did the completions sit well inside the limit before the cut share first left its healthy range?
+    Then the completions changed (a policy breaking into run-on text cuts every completion at once), not
+    the limit they had room under; completions that grew into the limit sit near it first. False when
+    the cut share is out of range from the first point (no "before" to read) or no length is logged."""
+    length = ctx.first("length")
+    if length is None:
+        return False
+    sr = ctx.series(trunc)
+    over = np.flatnonzero(sr.raw_values > high)
+    if over.size == 0 or over[0] == 0:
+        return False
+    before = ctx.values_between(length, int(sr.raw_steps[0]), int(sr.raw_steps[over[0]]) - 1)
+    return before.size > 0 and float(np.median(before)) <= ctx.s.cause_length_room_frac * s.value
 
 
 #: Where a TRL run's setting is read when its configuration was not recorded (a trainer_state.json

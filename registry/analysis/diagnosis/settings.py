@@ -364,6 +364,11 @@ class DiagnosisSettings:
     cause_ent_coef_large: float = 0.05
     #: A reward equal to one value at this share of its points never changed (sparse reward).
     cause_constant_share: float = 0.9
+    #: ... over the run and over its first stretch, this fraction of its points (it never had another value).
+    cause_constant_first_frac: float = 0.1
+    #: A maximum response length is not what cut completions whose median length, before the cut share first
+    #: left its healthy range, was at most this fraction of it: they had room, so the completions changed.
+    cause_length_room_frac: float = 0.5
     #: A critic whose explained variance stays below this does not fit the returns.
     cause_critic_explained_variance: float = 0.1
 
