@@ -280,13 +280,15 @@ class DiagnosisSettings:
     #: Spikes closer than max(grad_spike_gap_points, grad_spike_window_frac of the run) form
     #: a cluster; a cluster is "frequent" with at least grad_spike_min_count spikes at a rate
     #: >= grad_spike_min_rate and >= grad_spike_rate_factor x the run's own baseline rate
-    #: (the spike rate over its first grad_spike_baseline_frac).
+    #: (the spike rate over its first grad_spike_baseline_frac, outside the cluster judged).
     grad_spike_min_count: int = 3
     grad_spike_gap_points: int = 50
     grad_spike_window_frac: float = 0.1
     grad_spike_min_rate: float = 0.005
     grad_spike_rate_factor: float = 3.0
     grad_spike_baseline_frac: float = 0.25
+    #: The local level a spike is measured against is at least this fraction of the run's median norm.
+    grad_spike_floor_frac: float = 0.1
 
     # --- policy loss ----------------------------------------------------------------------
     #: Growing: |smoothed loss| rank-correlates with time at least this over the window ...

@@ -210,6 +210,10 @@ def detect_grad_spikes(ctx: Context) -> list[Finding]:
     base = np.repeat(base_bins, sr.bin_size)[:nr] if sr.bin_size > 1 else base_bins
     if base.size < nr:
         base = np.concatenate([base, np.full(nr - base.size, base[-1])])
+    # A stretch of batches with no policy gradient (every GRPO group rewarded alike: norms of 1e-3 beside the
+    # run's usual 1) is not a level to measure spikes against: an ordinary batch after it is no 1000x spike.
+    typical = float(np.median(v[v > 0])) if (v > 0).any() else 0.0
+    base = np.maximum(base, st.grad_spike_floor_frac * typical)
     pos = (v > 0) & (base > 0)
     r = np.zeros(nr)
     r[pos] = np.log(v[pos]) - np.log(base[pos])
@@ -220,14 +224,18 @@ def detect_grad_spikes(ctx: Context) -> list[Finding]:
         return []
     gap = max(st.grad_spike_gap_points, int(round(st.grad_spike_window_frac * nr)))
     nb = max(gap, int(st.grad_spike_baseline_frac * nr))
-    base_rate = float(spike[:nb].mean())
-    need_rate = max(st.grad_spike_min_rate, st.grad_spike_rate_factor * base_rate)
     spike_idx = np.flatnonzero(spike)
     cut = np.flatnonzero(np.diff(spike_idx) > gap)
     clusters = list(zip(spike_idx[np.concatenate([[0], cut + 1])].tolist(),
                         spike_idx[np.concatenate([cut, [spike_idx.size - 1]])].tolist()))
     out = []
     for a, b in clusters:
+        # The run's own rate is read outside the cluster judged: a burst in the first quarter is not its own
+        # reference (three spikes of 90-150x in steps 11-58 of 300 set a "baseline" they could never beat).
+        outside = np.ones(nb, dtype=bool)
+        outside[a:b + 1] = False
+        base_rate = float(spike[:nb][outside].mean()) if outside.any() else 0.0
+        need_rate = max(st.grad_spike_min_rate, st.grad_spike_rate_factor * base_rate)
         ids = spike_idx[(spike_idx >= a) & (spike_idx <= b)]
         if ids.size < st.grad_spike_min_count or ids.size / (b - a + 1) < need_rate:
             continue
