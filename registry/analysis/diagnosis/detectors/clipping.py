@@ -308,10 +308,10 @@ def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: in
          f"clip fraction {med:.3g} below {low:g} for {(b - a + 1) * sr.bin_size} points, but the return reached "
          f"{ev['reward_best']:.4g} ({100 * ev['reward_level_in_range']:.0f}% of its task range) over them: the "
          f"updates were large enough for the task" if "reward_best" in ev else
-         f"clip fraction {med:.3g} below {low:g} for {(b - a + 1) * sr.bin_size} points, "
-         + ("a language model trainer's sign-aware token count, as low in healthy runs" if ctx.run_kind == "llm"
-            else "not near zero")
-         + "; no KL to the old policy is logged to say whether the updates are small" if extra is None else
+         (f"clip fraction {med:.3g} below {low:g} for {(b - a + 1) * sr.bin_size} points, "
+          + ("a language model trainer's sign-aware token count, as low in healthy runs" if ctx.run_kind == "llm"
+             else "not near zero")
+          + "; no KL to the old policy is logged to say whether the updates are small") if extra is None else
          f"clip fraction {med:.3g} below {low:g}, but KL is in range: the policy still moves for "
          f"{(b - a + 1) * sr.bin_size} points"),
         evidence=ev, causes=causes,
