@@ -272,8 +272,9 @@ def _clip_low_finding(ctx: Context, name: str, sr: Series, a: int, b: int, L: in
     held_back = _held_back(ctx, sr, a, b)
     if extra is None:
         # A language model's trainer counts a token only when the clipped branch is the active one (sign-aware,
-        # per token): healthy verl GSM8K runs log pg_clipfrac 0.000-0.005 (tests/data/real/published), so near
-        # zero says nothing on its own there; a control run's sign-agnostic count near zero does.
+        # per token): published verl GSM8K logs show pg_clipfrac 0.000-0.001 (tests/data/real/published; the sglang
+        # tutorial's steps 80-83 at a validation accuracy of 0.83), so near zero says nothing on its own there; a
+        # control run's sign-agnostic count near zero does.
         near_zero = med < st.clip_near_zero_factor * low and ctx.run_kind != "llm"
         corroborated = near_zero or held_back is not None
     else:
