@@ -58,13 +58,16 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         # updates beside it were critical (far past the healthy high: no mild excursion of a fast learner).
         since = start - aftermath(ctx)
         unstable = unstable_updates(ctx, since, stop)
-        learned = None if unstable else _learned_through(ctx, start, stop)
-        if learned is None and not unstable_updates(ctx, since, stop, "critical"):
-            learned = _held_at_top(ctx, start, stop)
-        if ctx.run_kind != "control":
+        if ctx.run_kind == "control":
+            # What the return did tells a control policy that sharpened on what it learned.
+            learned = None if unstable else _learned_through(ctx, start, stop)
+            if learned is None and not unstable_updates(ctx, since, stop, "critical"):
+                learned = _held_at_top(ctx, start, stop)
+            lvl_end = lvl_a
+        else:
+            # A language model's: where it lands. Its level over the whole stretch it stays down, not at the
+            # stretch's last points (the bottom, just before it climbs back).
             end, lvl_end = _stays_down(ctx, y, c, thr, M)
-            # Its level over the whole stretch it stays down, not at the stretch's last points (the bottom,
-            # just before it climbs back).
             learned = _where_healthy_runs_are(ctx, name, sr.step_end(end), float(np.median(y[c:end + 1])))
             if learned is not None:
                 stop = sr.step_end(end)
@@ -82,8 +85,6 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
                 check=["the return, if it stops improving while the entropy keeps falling"],
                 related=["kl_old_mean", "clip_fraction"]))
             continue
-        if ctx.run_kind == "control":
-            lvl_end = lvl_a
         deeper = lvl_end < 0.5 * lvl_a          # it kept falling after the cliff, as a collapse to one answer does
         sev = "critical" if (min(ratio, lvl_end / lvl_b) <= st.cliff_critical_ratio
                              or (elow is not None and lvl_a < elow)) else "warning"
