@@ -100,18 +100,16 @@ def build_both(url: str) -> tuple[Registry, dict[str, tuple[str, str, str]]]:
     """Both labelled sets in one registry, each run with its verdict: name -> (framework, task, verdict)."""
     reg = Registry(url)
     runs: dict[str, tuple[str, str, str]] = {}
+    truth: dict[str, str | None] = {}
     for framework, root in zip(FRAMEWORKS, (RUNS, CLEANRL_SWEEP)):
         for name, lab in sorted(yaml.safe_load((root / "labels.yaml").read_text())["runs"].items()):
             if not (root / name).is_dir():
                 continue
             path = root / name if framework == "stable-baselines3" else logger_run_dir(root, name)
-            res = reg.register(path, name=f"{framework}:{name}", algorithm="ppo", framework=framework, task=lab["env"])
-            verdict = VERDICT.get(lab["label"])
-            if verdict:
-                reg.set_outcome(res.run_id, verdict=verdict)
-                runs[f"{framework}:{name}"] = (framework, lab["env"], verdict)
-            with reg.transaction() as s:
-                refresh_embeddings(s, res.run_id)
+            key = f"{framework}:{name}"
+            add_labelled(reg, truth, key, lab["label"], path, algorithm="ppo", framework=framework, task=lab["env"])
+            if truth[key]:
+                runs[key] = (framework, lab["env"], truth[key])
     return reg, runs
 
 
