@@ -286,3 +286,15 @@ def test_an_ordinary_batch_after_batches_without_gradient_is_no_spike(registry):
     """lr_3e-5_s11: batches where every group is rewarded alike have norms of 3e-4-3e-3 beside the run's usual
     0.9; the next ordinary batch is not a 1000x spike."""
     assert not warnings_of(registry, "lr_3e-5_s11", "grad_norm_spikes")
+
+
+def test_a_drift_from_the_reference_above_the_default_high_is_a_warning_only_with_harm(registry):
+    """Without a baseline the KL to the reference is judged against the diagnosis default (0.1 nats per token,
+    a rule of thumb): default_s2 drifts to 0.8 while its reward rises 0.64 -> 0.87, information that names the
+    default; lr_5e-2_s34's drift to 5-9 comes with its reward falling to 0, a warning."""
+    d = diagnose_run(registry, "default_s2")
+    climbs = d.by_detector("kl_climb")
+    assert climbs and all(f.severity == "info" for f in climbs)
+    assert all("diagnosis default" in f.title and "did not fall" in f.title for f in climbs)
+    assert all(not f.causes for f in climbs)
+    assert [f for f in warnings_of(registry, "lr_5e-2_s34", "kl_climb") if f.evidence["level_max"] > 5]

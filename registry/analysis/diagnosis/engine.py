@@ -17,7 +17,7 @@ from registry.analysis.diagnosis.causes import (
 )
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.detectors import DETECTORS
-from registry.analysis.diagnosis.detectors.excursions import settle_brief_excursions
+from registry.analysis.diagnosis.detectors.excursions import settle_brief_excursions, settle_drift_without_harm
 from registry.analysis.diagnosis.episodes import with_windowed_episode_means
 from registry.analysis.diagnosis.hyperparams import read_settings
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS, METRIC_ROLES, DiagnosisSettings
@@ -72,6 +72,7 @@ def diagnose(curves: Mapping[str, Curve], metrics: Mapping[str, MetricInfo],
     if baseline is not None:
         ctx.findings.extend(check_baseline(ctx, baseline))
     apply_uninformative(ctx, ctx.findings)
+    settle_drift_without_harm(ctx, ctx.findings)
     settle_brief_excursions(ctx, ctx.findings)
     order = {d: i for i, d in enumerate(RANK_ORDER)}
     for f in sorted(ctx.findings, key=lambda f: (order.get(f.detector, len(order)), f.start)):

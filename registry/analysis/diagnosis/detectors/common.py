@@ -10,7 +10,7 @@ import numpy as np
 
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.ranges import baseline_source
-from registry.analysis.diagnosis.signal import rank_corr, rolling_mean, rolling_median
+from registry.analysis.diagnosis.signal import TINY, rank_corr, rolling_mean, rolling_median
 from registry.analysis.diagnosis.types import Finding
 
 
@@ -182,8 +182,30 @@ def reward_level(ctx: Context, values: np.ndarray) -> float:
     return float((np.median if ctx.run_kind == "control" else np.mean)(values))
 
 
+def gain_in_standard_errors(ctx: Context, early: np.ndarray, late: np.ndarray) -> float | None:
+    """A language model's reward gain (late mean over early mean) in standard errors of that difference;
+    None for a control run or too few points. Under ``flat_llm_gain_se`` it is a gain the batch noise
+    could make: a relative gain means little for a reward whose level is set by a format bonus (0.6 ->
+    0.64 is 7%)."""
+    if ctx.run_kind == "control" or min(early.size, late.size) < 3:
+        return None
+    se = float(np.sqrt(np.var(early, ddof=1) / early.size + np.var(late, ddof=1) / late.size))
+    gain = float(np.mean(late) - np.mean(early))
+    return gain / se if se > TINY else (np.inf if gain > 0 else -np.inf if gain < 0 else 0.0)
+
+
 def rolling_reward_level(ctx: Context, y: np.ndarray, w: int, mode: str = "centered") -> np.ndarray:
     """:func:`reward_level` over a rolling window of ``w`` points (a rolling median's lucky stretch of a
     batch reward made a "best" of 0.94 where the batches averaged 0.75)."""
     return (rolling_median if ctx.run_kind == "control" else rolling_mean)(y, w, mode)
 
+
+def settle_as_info(f: Finding, title: str, action: str, **evidence: float) -> None:
+    """Turn ``f`` into information: the run's own evidence showed it was no problem (``title`` says how), so it
+    names no cause and points to no checkpoint to roll back to."""
+    f.severity = "info"
+    f.title = title
+    f.evidence.update(evidence)
+    f.causes, f.likely_causes = [], []
+    f.suggested_action = action
+    f.rollback_step = None

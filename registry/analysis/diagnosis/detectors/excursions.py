@@ -1,5 +1,6 @@
-"""Brief excursions of the update size that nothing followed: KL and clip-fraction warnings that the
-run's own later updates show were harmless become information.
+"""Brief excursions of the update size that nothing followed, and a language model's drift from its
+reference that nothing in the run shows harm from: KL and clip-fraction warnings that the run's own
+later updates show were harmless become information.
 
 Runs after every detector (it reads what followed each finding, including the other findings).
 """
@@ -10,7 +11,13 @@ import math
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
-from registry.analysis.diagnosis.detectors.common import aftermath
+from registry.analysis.diagnosis.detectors.common import (
+    aftermath,
+    gain_in_standard_errors,
+    reward_level,
+    settle_as_info,
+)
+from registry.analysis.diagnosis.ranges import FALLBACK_SOURCE
 from registry.analysis.diagnosis.signal import noise_sigma
 from registry.analysis.diagnosis.types import Finding
 
@@ -168,9 +175,49 @@ def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
         for f, back in zip(episode, backs):
             others = sorted({g.detector for g in episode if g is not f})
             with_ = f" (with {', '.join(others)})" if others else ""
-            _settle(f, _excursion_title(f, back, reward) + with_,
+            settle_as_info(f, _excursion_title(f, back, reward) + with_,
                     "nothing to fix; if it recurs or lasts, lower the learning rate or use fewer epochs",
                     level_next=back, brief=1.0)
+
+
+def settle_drift_without_harm(ctx: Context, findings: list[Finding]) -> None:
+    """A language model's KL to its reference above the diagnosis' default high, with nothing in the run showing
+    harm from it, is information: the level cannot be judged without the task's healthy runs.
+
+    The KL to the reference is how far the policy has moved from where it started, and under a KL penalty
+    the level it settles at is set by the coefficient against the reward's scale, so no one figure is a
+    healthy high for every task (the default, 0.1 nats per token, is a rule of thumb, not a framework's;
+    healthy runs of a tiny task sit at 0.3-1). A dictionary or task-baseline range is a claim about the task
+    and stands. Against the default, the finding stays a warning only where the run shows harm over the
+    drift: its reward fell (``flat_llm_gain_se`` standard errors below its level before the drift, or a reward
+    drop or zero reward over it). Spikes are judged by ``detect_kl_spike`` relative to the run's own level
+    whatever the range, and a flat reward by ``reward_flat``."""
+    reward = ctx.first("reward")
+    if ctx.run_kind != "llm" or reward is None:
+        return
+    rs = ctx.series(reward)
+    e = ctx.early(rs.n)
+    sign = 1.0 if ctx.higher_is_better(reward) else -1.0
+    for f in findings:
+        if (f.detector != "kl_climb" or not f.at_least("warning") or not f.metric.startswith("kl_ref")
+                or ctx.ranges_used.get(f.metric, {}).get("source") != FALLBACK_SOURCE):
+            continue
+        if any(g.at_least("warning") for d in ("reward_drop", "reward_zero") for g in ctx.overlapping(d, f.start, f.end)):
+            continue
+        before = ctx.values_between(reward, int(rs.raw_steps[0]), f.start - 1)
+        early = before[-e:] if before.size >= e else rs.raw_values[:e]
+        late = ctx.values_between(reward, f.start, f.end)[-e:]
+        t = gain_in_standard_errors(ctx, sign * early, sign * late)
+        if t is None or t <= -ctx.s.flat_llm_gain_se:
+            continue
+        settle_as_info(
+            f, f"{f.title}; the reward ({reward}) did not fall over it ({reward_level(ctx, early):.4g} -> "
+               f"{reward_level(ctx, late):.4g}): against no baseline of this task's healthy runs the level itself "
+               f"cannot be judged (the high is the diagnosis default; the level a KL penalty settles at depends on "
+               f"its coefficient and the reward's scale)",
+            "nothing to fix on this evidence; register healthy runs of the task as a baseline to judge the level, "
+            "and read samples or an eval metric if the reward can be gamed",
+            reward_gain_se=t)
 
 
 def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
@@ -187,12 +234,3 @@ def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
         return (f"clip fraction above {high:g} for {f.evidence['points']:.0f} points (median "
                 f"{f.evidence['median']:.3g}); {then}: a brief excursion that nothing followed")
     return f"clip fraction {f.evidence['max']:.3g} at one point; {then}: a brief excursion that nothing followed"
-
-
-def _settle(f: Finding, title: str, action: str, **evidence: float) -> None:
-    f.severity = "info"
-    f.title = title
-    f.evidence.update(evidence)
-    f.causes, f.likely_causes = [], []
-    f.suggested_action = action
-    f.rollback_step = None

@@ -15,6 +15,7 @@ from registry.analysis.diagnosis.signal import (
 from registry.analysis.diagnosis.types import Finding
 from registry.analysis.diagnosis.detectors.common import (
     by_chance,
+    gain_in_standard_errors,
     range_words,
     reward_level,
     reward_still_rising,
@@ -182,7 +183,7 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
             return imp < enough and level < st.flat_max_level, early, late, imp, level, kept, None
         rel = (late - early) / max(abs(early), abs(late), TINY)
         enough = st.flat_unsharpened_improvement if kept else st.flat_min_rel_improvement
-        t = _gain_in_standard_errors(ctx, y[:e], y[p - e:p])
+        t = gain_in_standard_errors(ctx, y[:e], y[p - e:p])
         return (rel < enough or t is not None and t < st.flat_llm_gain_se), early, late, rel, float("nan"), kept, t
 
     flat, early, late, imp, level, kept, t = judge(n)
@@ -220,18 +221,6 @@ def detect_reward_flat(ctx: Context) -> list[Finding]:
         action="tune the task's hyper-parameters (learning rate, batch/rollout size, gamma, "
                "entropy bonus) or shape the reward; compare with a solved configuration",
         detected_at=sr.step_end(p_first - 1), layer=ctx.layer(name))]
-
-
-def _gain_in_standard_errors(ctx: Context, early: np.ndarray, late: np.ndarray) -> float | None:
-    """A language model's reward gain (late mean over early mean) in standard errors of that difference;
-    None for a control run or too few points. Under ``flat_llm_gain_se`` it is a gain the batch noise
-    could make: a relative gain means little for a reward whose level is set by a format bonus (0.6 ->
-    0.64 is 7%)."""
-    if ctx.run_kind == "control" or min(early.size, late.size) < 3:
-        return None
-    se = float(np.sqrt(np.var(early, ddof=1) / early.size + np.var(late, ddof=1) / late.size))
-    gain = float(np.mean(late) - np.mean(early))
-    return gain / se if se > TINY else (np.inf if gain > 0 else -np.inf if gain < 0 else 0.0)
 
 
 def _healthy_runs_gain(ctx: Context, name: str) -> float | None:
