@@ -90,6 +90,17 @@ SWEEP: dict[str, tuple[int, dict]] = {
     "temp_0.7_s38": (38, {"temperature": 0.7}),
     "groups_8_s39": (39, {"num_generations": 8}),
     "maxlen_4_s40": (40, {"max_completion_length": 4}),
+    # A fourth held-out batch, placed before it was trained, after the change to the KL to the reference above the
+    # default high (DIAGNOSIS_VERSION 32): new seeds, new strengths (learning rate 5x high and 6x low, beta 0.1 and
+    # 0.01, two updates per batch, temperature 1.2, a maximum length of 3 tokens).
+    **{f"default_s{s}": (s, {}) for s in range(41, 44)},
+    "lr_1.5e-2_s44": (44, {"learning_rate": 1.5e-2}),
+    "lr_5e-4_s45": (45, {"learning_rate": 5e-4}),
+    "beta_0.1_s46": (46, {"beta": 0.1}),
+    "beta_0.01_s47": (47, {"beta": 0.01}),
+    "iters_2_s48": (48, {"num_iterations": 2}),
+    "temp_1.2_s49": (49, {"temperature": 1.2}),
+    "maxlen_3_s50": (50, {"max_completion_length": 3}),
 }
 
 
