@@ -127,7 +127,7 @@ def report(f: dict[str, Any]) -> bool:
     """Print the figures; True when every target is met."""
     ok = True
     ratio = f["interactive_paint"] / f["png_paint"]
-    print(f"interactive dashboard in headless Chromium (median of interleaved first visits, fresh profiles):")
+    print("interactive dashboard in headless Chromium (median of interleaved first visits, fresh profiles):")
     print(f"  PNG dashboard: {f['png_plots']} plots painted                         : "
           f"{f['png_paint'] * 1000:8.1f} ms   JS heap {f['png_heap']:.1f} MB")
     print(f"  interactive (plotly.js): {f['interactive_plots']} plots painted               : "
