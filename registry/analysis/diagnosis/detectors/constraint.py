@@ -37,12 +37,18 @@ def detect_kl_spike(ctx: Context) -> list[Finding]:
         R = max(st.spike_ref_points, ctx.window(name, sr))
         ref = shift(rolling_median(sr.y, R, "trailing"), 1)
         ref[0] = float(np.median(sr.y))
+        early = np.arange(n) < R            # the running level is still the first update or two
+        if name.startswith("kl_ref"):
+            # A policy starts as its reference, so its KL to it starts at 0 and rises to the run's level over the
+            # first updates: a jump among them is measured against the level the run reaches next as well (a
+            # rise from 0 to 0.3 peaking at 0.97 is the policy leaving its reference, not a 10^5x spike).
+            ahead = shift(rolling_median(sr.y[::-1], R, "trailing"), 1)[::-1]
+            ref[early] = np.maximum(ref[early], np.nan_to_num(ahead[early]))
         peak = sr.ymax
         floor = max(TINY, 1e-6 * float(np.median(np.abs(sr.y))))
         ratio = peak / np.maximum(ref, floor)
         cond = ratio >= st.spike_ratio
         if high is not None:
-            early = np.arange(n) < R            # the running level is still the first update or two
             cond &= peak > np.where(early, st.spike_early_high_factor, st.spike_gate_frac) * high
         else:
             cond &= ratio >= st.spike_ratio_critical

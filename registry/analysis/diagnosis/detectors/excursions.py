@@ -61,8 +61,17 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
         # The KL to the reference measures how far the policy has drifted, which is the run's own level, not
         # a step size: back at that level is back, whatever a generic high says of the level itself (a level
         # above the high is another finding's to judge, kl_climb's).
-        return back if back <= ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0) else None
+        # While the policy drifts (its level rising, which kl_climb judges), an outlier batch is back when the
+        # updates after it sit at a ``spike_ratio``-th of its peak or less: the batch was far above the level
+        # both before and after it, and the level it left is no longer the one to come back to.
+        return back if back <= _level_to_return_to(ctx, f) else None
     return back if back is not None and back <= high else None
+
+
+def _level_to_return_to(ctx: Context, f: Finding) -> float:
+    """The KL a one-batch jump ``f`` of the KL to the reference must be back under: twice the level before it, or
+    while the policy drifts, a ``spike_ratio``-th of the jump's peak, whichever is larger."""
+    return max(ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0), f.evidence["peak"] / ctx.s.spike_ratio)
 
 
 def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Finding]) -> bool:
@@ -79,6 +88,9 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     # The reward's level at the start (its last points before it), not a mean over a window that
     # trails a rising curve, against the updates after the episode.
     before = ctx.values_between(reward, start - window, start - 1)[-need:]
+    if before.size < need and all(_one_batch_from_reference(ctx, f) for f in episode):
+        # Outlier batches of a language model's first updates: the level the reward started from is its first points.
+        before = ctx.series(reward).raw_values[:need]
     after = ctx.values_between(reward, end + 1, end + window)
     if min(after.size, before.size) < need:
         return False
@@ -129,10 +141,12 @@ def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
     if f.detector != "kl_spike" or not f.metric.startswith("kl_ref") or ctx.series(f.metric) is None:
         return False
     v = ctx.values_between(f.metric, f.start, f.end)
-    recent = f.evidence.get("recent_level", 0.0)
     if v.size <= 2:
         return v.size > 0
-    return recent > 0 and float(np.mean(v >= ctx.s.spike_ratio * recent)) <= 0.5
+    # A span's jumps are measured against the level the run holds around it: the larger of the level before
+    # (its first steps: the KL still at 0, the policy at its reference) and the level after it.
+    level = max(f.evidence.get("recent_level", 0.0), _level_after(ctx, f) or 0.0)
+    return level > 0 and float(np.mean(v >= ctx.s.spike_ratio * level)) <= 0.5
 
 
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:
@@ -222,7 +236,11 @@ def settle_drift_without_harm(ctx: Context, findings: list[Finding]) -> None:
 
 def _excursion_title(f: Finding, back: float, reward: str | None) -> str:
     high = f.evidence["healthy_high"]
-    where = f"healthy high {high:g}" if back <= high else f"its level before, {f.evidence['recent_level']:.3g}"
+    where = (f"healthy high {high:g}" if back <= high
+             else f"its level before, {f.evidence['recent_level']:.3g}"
+             if back <= ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0)
+             else f"{100 * back / f.evidence['peak']:.0f}% of the jump's peak: one batch far above the level before "
+                  f"and after it")
     then = f"over the next updates it was back at {back:.3g} ({where}) and the reward ({reward}) did not fall"
     if f.detector == "kl_spike":
         return (f"KL jumped once to {f.evidence['peak']:.4g}, {f.evidence['ratio']:.3g}x its recent level "
