@@ -101,6 +101,17 @@ SWEEP: dict[str, tuple[int, dict]] = {
     "iters_2_s48": (48, {"num_iterations": 2}),
     "temp_1.2_s49": (49, {"temperature": 1.2}),
     "maxlen_3_s50": (50, {"max_completion_length": 3}),
+    # A fifth held-out batch, placed before it was trained, after the change to the KL to the reference's first
+    # updates and one-batch jumps during a drift (DIAGNOSIS_VERSION 33): new seeds of families that failed before
+    # (learning rate 2.7x high, four updates per batch, temperature 0.5, no KL penalty) and of ones that did not.
+    **{f"default_s{s}": (s, {}) for s in range(51, 54)},
+    "lr_8e-3_s54": (54, {"learning_rate": 8e-3}),
+    "lr_2e-4_s55": (55, {"learning_rate": 2e-4}),
+    "beta_0.2_s56": (56, {"beta": 0.2}),
+    "beta_0_s57": (57, {"beta": 0.0}),
+    "iters_4_s58": (58, {"num_iterations": 4}),
+    "temp_0.5_s59": (59, {"temperature": 0.5}),
+    "groups_2_s60": (60, {"num_generations": 2}),
 }
 
 
