@@ -133,8 +133,8 @@ def _loss_that_counts(ctx: Context, reward: str, start: int, end: int) -> float:
 
 def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
     """KL-to-the-reference spikes of single batches: a jump of one or two logged points, or a span where at
-    most half the points are jumps (``spike_ratio`` times the recent level), the KL back at its level
-    between. The policy cannot drift from its reference and come back within one step, so such a jump is
+    most half the points are jumps (``spike_ratio`` times the level around it: the larger of the level before
+    and the level after), the KL back at its level between. The policy cannot drift from its reference and come back within one step, so such a jump is
     a batch whose sampled tokens the reference finds unlikely (the k3 estimator's heavy tail: TRL's
     ``kl`` of a healthy run reaches 5-50 at single steps), a property of that batch, not of the policy:
     judged like a warning-sized spike, by what followed it."""
@@ -190,8 +190,8 @@ def settle_brief_excursions(ctx: Context, findings: list[Finding]) -> None:
             others = sorted({g.detector for g in episode if g is not f})
             with_ = f" (with {', '.join(others)})" if others else ""
             settle_as_info(f, _excursion_title(f, back, reward) + with_,
-                    "nothing to fix; if it recurs or lasts, lower the learning rate or use fewer epochs",
-                    level_next=back, brief=1.0)
+                           "nothing to fix; if it recurs or lasts, lower the learning rate or use fewer epochs",
+                           level_next=back, brief=1.0)
 
 
 def settle_drift_without_harm(ctx: Context, findings: list[Finding]) -> None:
@@ -216,7 +216,8 @@ def settle_drift_without_harm(ctx: Context, findings: list[Finding]) -> None:
         if (f.detector != "kl_climb" or not f.at_least("warning") or not f.metric.startswith("kl_ref")
                 or ctx.ranges_used.get(f.metric, {}).get("source") != FALLBACK_SOURCE):
             continue
-        if any(g.at_least("warning") for d in ("reward_drop", "reward_zero") for g in ctx.overlapping(d, f.start, f.end)):
+        if any(g.at_least("warning") for d in ("reward_drop", "reward_zero")
+               for g in ctx.overlapping(d, f.start, f.end)):
             continue
         before = ctx.values_between(reward, int(rs.raw_steps[0]), f.start - 1)
         early = before[-e:] if before.size >= e else rs.raw_values[:e]
