@@ -135,9 +135,9 @@ def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
     """KL-to-the-reference spikes of single batches: a jump of one or two logged points, or a span where at
     most half the points are jumps (``spike_ratio`` times the level around it: the larger of the level before
     and the level after), the KL back at its level between. The policy cannot drift from its reference and
-    come back within one step, so such a jump is a batch whose sampled tokens the reference finds unlikely (the k3 estimator's heavy tail: TRL's
-    ``kl`` of a healthy run reaches 5-50 at single steps), a property of that batch, not of the policy:
-    judged like a warning-sized spike, by what followed it."""
+    come back within one step, so such a jump is a batch whose sampled tokens the reference finds unlikely
+    (the k3 estimator's heavy tail: TRL's ``kl`` of a healthy run reaches 5-50 at single steps), a property
+    of that batch, not of the policy: judged like a warning-sized spike, by what followed it."""
     if f.detector != "kl_spike" or not f.metric.startswith("kl_ref") or ctx.series(f.metric) is None:
         return False
     v = ctx.values_between(f.metric, f.start, f.end)
