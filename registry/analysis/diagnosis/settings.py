@@ -336,6 +336,11 @@ class DiagnosisSettings:
     #: critical from this level, and a rise from the early to the late part of the run that is
     #: a warning whatever the level.
     zero_std_critical: float = 0.8
+    #: A share whose late mean is at least this is (nearly) every group alike: no learning signal left, critical
+    #: whatever the reward did. Between ``zero_std_critical`` and this, a language model's reward that still
+    #: gained past its batch noise (``flat_llm_gain_se``) says the remaining groups carry the learning: the share
+    #: is then information (the batch is used inefficiently), not a failure.
+    zero_std_total: float = 0.95
     #: Beside a baseline, a zero-std share is above the healthy runs only when its late mean is above
     #: the highest healthy run's by this many standard errors of that mean (a batch of two prompts gives
     #: shares of 0, 0.5 or 1: a 45-point mean moves by ~0.05 from batch luck alone).

@@ -146,7 +146,8 @@ def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
     # A span's jumps are measured against the level the run holds around it: the larger of the level before
     # (its first steps: the KL still at 0, the policy at its reference) and the level after it.
     level = max(f.evidence.get("recent_level", 0.0), _level_after(ctx, f) or 0.0)
-    return level > 0 and float(np.mean(v >= ctx.s.spike_ratio * level)) <= 0.5
+    jumps = v >= ctx.s.spike_ratio * level
+    return level > 0 and (int(jumps.sum()) <= 2 or float(np.mean(jumps)) <= 0.5)
 
 
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:

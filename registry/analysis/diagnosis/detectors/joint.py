@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from registry.analysis.diagnosis.context import Context
+from registry.analysis.diagnosis.detectors.common import gain_in_standard_errors
 from registry.analysis.diagnosis.signal import rank_corr, rolling_median, runs
 from registry.analysis.diagnosis.types import Finding
 
@@ -129,11 +130,15 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                 # give no gradient.
                 stalled = any(g.at_least("warning") for d in ("reward_flat", "reward_slow")
                               for g in ctx.overlapping(d, sr.step(0), sr.step_end(n - 1)))
-                sev = "critical" if late >= st.zero_std_critical else "warning" if rising or stalled else "info"
+                gained = _reward_gained(ctx) and not stalled
+                sev = ("critical" if late >= st.zero_std_total or late >= st.zero_std_critical and not gained
+                       else "warning" if (rising or stalled) and not gained else "info")
                 out.append(ctx.finding(
                     "advantage_degenerate", name, sr.step(0 if not rising else e), sr.step_end(n - 1), sev,
                     f"{100 * late:.0f}% of prompt groups have zero reward std (all responses rewarded alike)"
-                    + (f", up from {100 * early:.0f}%" if rising else "") + ": those groups give no gradient",
+                    + (f", up from {100 * early:.0f}%" if rising else "") + ": those groups give no gradient"
+                    + ("; the reward still gained past its batch noise, so the other groups carry the learning "
+                       "(a batch used inefficiently, not a failure)" if sev == "info" and gained else ""),
                     evidence={"early": early, "late": late, "rank_corr": corr},
                     causes=["the prompts became too easy (all correct) or are too hard (all wrong)",
                             "the group size is too small to see different rewards",
@@ -142,6 +147,19 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                     action="filter or re-balance prompts by difficulty (dynamic sampling), or enlarge the groups",
                     detected_at=sr.step_end(n - 1), related=["reward_std", "entropy"], layer="diagnostic"))
     return out
+
+
+def _reward_gained(ctx: Context) -> bool:
+    """Did a language model's reward gain past its batch noise over the run (its last ``early`` points against its
+    first, ``flat_llm_gain_se`` standard errors)? False for a control run or without a reward."""
+    name = ctx.first("reward")
+    if name is None:
+        return False
+    sr = ctx.series(name)
+    e = ctx.early(sr.n)
+    y = sr.y if ctx.higher_is_better(name) else -sr.y
+    t = gain_in_standard_errors(ctx, y[:e], y[-e:]) if sr.n >= 2 * e else None
+    return t is not None and t >= ctx.s.flat_llm_gain_se
 
 
 def _trend(ctx: Context, name: str) -> tuple[float, float, float] | None:
