@@ -126,8 +126,10 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                 high += st.zero_std_above_healthy_se * float(np.std(sr.y[-e:], ddof=1)) / np.sqrt(e)
             if (high is not None and late >= high) or rising:
                 # A share that was already this high at the start and did not rise is the task's own (a sparse
-                # reward over small groups): information while the reward improves anyway, unless most groups
-                # give no gradient.
+                # reward over small groups): information while the reward improves anyway. Most groups alike
+                # (``zero_std_critical``) is critical unless a language model's reward still gained past its batch
+                # noise (a policy sure of the prompts it solves, the others carrying the learning); nearly every
+                # group alike (``zero_std_total``) is critical whatever the reward did.
                 stalled = any(g.at_least("warning") for d in ("reward_flat", "reward_slow")
                               for g in ctx.overlapping(d, sr.step(0), sr.step_end(n - 1)))
                 gained = _reward_gained(ctx) and not stalled
