@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.cli.main import cli
 from registry.analysis.similarity import brute_force, find_similar, refresh_embeddings
-from registry.analysis.similarity.closeness import MIN_REFERENCE
+from registry.analysis.similarity.closeness import MIN_REFERENCE, REFERENCE_SAMPLE, sample_positions
 from registry.analysis.similarity.concepts import equivalent_definitions
 from registry.analysis.similarity.outcome import MIN_EFFECTIVE, kernel_weights, predict
 
@@ -109,6 +109,19 @@ def test_no_close_match_is_judged_against_the_collections_own_distances(registry
     add_sweep(registry, ["mountaincar_default_s1"])
     again = find_similar(registry, "cartpole_default_s1", k=3)
     assert again.closeness["reference_runs"] == len(CARTPOLE) + 2
+
+
+def test_the_reference_sample_follows_the_curves_not_the_order_of_run_ids():
+    """The runs sampled for the nearest-neighbour reference are chosen by their content: the same curves in
+    another order (runs registered under other ids) give the same sample; a collection no larger than the sample
+    is used whole."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3 * REFERENCE_SAMPLE, 32, 3))
+    picked = {x[i].tobytes() for i in sample_positions(x)}
+    perm = rng.permutation(len(x))
+    assert {x[perm][i].tobytes() for i in sample_positions(x[perm])} == picked
+    assert len(picked) == REFERENCE_SAMPLE
+    assert list(sample_positions(x[:REFERENCE_SAMPLE])) == list(range(REFERENCE_SAMPLE))
 
 
 def test_too_few_runs_to_know_what_close_means(registry: Registry):

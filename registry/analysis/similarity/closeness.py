@@ -2,9 +2,9 @@
 
 A distance means little on its own: 0.4 is close in a collection of noisy LLM runs and far in a
 sweep of CartPole seeds. So the reference is the collection itself: for a sample of its runs
-(``REFERENCE_SAMPLE``, spread evenly over the eligible runs compared on every query metric), the
-distance from each to its nearest other run, computed like the query's (same metrics, portion,
-normalisation, banded DTW_D on the 128-point grids). Each sampled run's nearest neighbour is
+(``REFERENCE_SAMPLE`` of the eligible runs compared on every query metric, chosen by their curves'
+content, not their ids), the distance from each to its nearest other run, computed like the query's
+(same metrics, portion, normalisation, banded DTW_D on the 128-point grids). Each sampled run's nearest neighbour is
 sought among its ``SHORTLIST`` nearest by Euclidean distance of the PAA-32 vectors (the search's
 own first stage, whose top 200 hold 99% of the true top 10 on the benchmark corpus); a missed
 true nearest only makes that distance larger, so the reference errs towards calling a query
@@ -18,6 +18,7 @@ filter set, so it is recomputed whenever runs are added or removed (the corpus r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+import zlib
 from typing import Any, Callable
 
 import numpy as np
@@ -51,12 +52,18 @@ class Closeness:
         return {**asdict(self), "no_close_match": self.no_close_match}
 
 
-def sample_positions(n: int, size: int = REFERENCE_SAMPLE) -> np.ndarray:
-    """``size`` positions spread evenly over ``range(n)`` (all of them when n <= size): deterministic,
-    so the same collection always gives the same reference."""
+def sample_positions(vectors: np.ndarray, size: int = REFERENCE_SAMPLE) -> np.ndarray:
+    """Positions of ``size`` of the rows of ``vectors`` (all of them when there are no more), ascending.
+
+    Chosen by the rows' content (spread evenly over the rows ordered by a checksum of their bytes), not by
+    their place in the collection, which follows run ids: the same runs give the same reference whatever ids
+    they were registered under, and a run's neighbours cannot change by another run being re-registered."""
+    n = len(vectors)
     if n <= size:
         return np.arange(n)
-    return np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))
+    rows = np.ascontiguousarray(vectors).reshape(n, -1)
+    order = np.argsort([zlib.crc32(row.tobytes()) for row in rows], kind="stable")
+    return np.sort(order[np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))])
 
 
 def nearest_distances(paa: np.ndarray, sample: np.ndarray, grids_of: Callable[[np.ndarray], np.ndarray],
