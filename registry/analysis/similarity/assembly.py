@@ -52,7 +52,8 @@ def reference_distances(session: Session, corpus: X.Corpus, run_mask: np.ndarray
         def grids_of(pos: np.ndarray) -> np.ndarray:
             return CS.gather(*CS.candidate_grids(session, corpus, sub, pos, qms, portion, normalize, scales, wvec))[1:]
 
-        return CL.nearest_distances(x.reshape(n, -1), CL.sample_positions(x), grids_of,
+        flat = x.reshape(n, -1)
+        return CL.nearest_distances(flat, CL.sample_positions(flat), grids_of,
                                     math.sqrt(F.GRID * float(wvec.sum())), DT.DTW_WINDOW)
 
     return CL.cached_reference(corpus, key, compute)

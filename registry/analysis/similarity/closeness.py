@@ -4,8 +4,8 @@ A distance means little on its own: 0.4 is close in a collection of noisy LLM ru
 sweep of CartPole seeds. So the reference is the collection itself: for a sample of its runs
 (``REFERENCE_SAMPLE`` of the eligible runs compared on every query metric, chosen by their curves'
 content, not their ids), the distance from each to its nearest other run, computed like the query's
-(same metrics, portion, normalisation, banded DTW_D on the 128-point grids). Each sampled run's nearest neighbour is
-sought among its ``SHORTLIST`` nearest by Euclidean distance of the PAA-32 vectors (the search's
+(same metrics, portion, normalisation, banded DTW_D on the 128-point grids). Each sampled run's nearest
+neighbour is sought among its ``SHORTLIST`` nearest by Euclidean distance of the PAA-32 vectors (the search's
 own first stage, whose top 200 hold 99% of the true top 10 on the benchmark corpus); a missed
 true nearest only makes that distance larger, so the reference errs towards calling a query
 close, never towards a false "no close match".
@@ -17,8 +17,8 @@ filter set, so it is recomputed whenever runs are added or removed (the corpus r
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 import zlib
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -57,12 +57,11 @@ def sample_positions(vectors: np.ndarray, size: int = REFERENCE_SAMPLE) -> np.nd
 
     Chosen by the rows' content (spread evenly over the rows ordered by a checksum of their bytes), not by
     their place in the collection, which follows run ids: the same runs give the same reference whatever ids
-    they were registered under, and a run's neighbours cannot change by another run being re-registered."""
+    they were registered under (re-registering a run no longer moves the "no close match" bar for other queries)."""
     n = len(vectors)
     if n <= size:
         return np.arange(n)
-    rows = np.ascontiguousarray(vectors).reshape(n, -1)
-    order = np.argsort([zlib.crc32(row.tobytes()) for row in rows], kind="stable")
+    order = np.argsort([zlib.crc32(np.ascontiguousarray(row).tobytes()) for row in vectors], kind="stable")
     return np.sort(order[np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))])
 
 
