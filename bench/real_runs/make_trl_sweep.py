@@ -112,6 +112,18 @@ SWEEP: dict[str, tuple[int, dict]] = {
     "iters_4_s58": (58, {"num_iterations": 4}),
     "temp_0.5_s59": (59, {"temperature": 0.5}),
     "groups_2_s60": (60, {"num_generations": 2}),
+    # A sixth held-out batch, placed before it was trained, before the change that names the one setting a run has
+    # apart from the task's healthy runs (DIAGNOSIS_VERSION 35): settings 1.5x-2.5x off the healthy runs' (learning
+    # rate 1.7x high and 2x low, temperature 0.6 and 0.4, beta 0.08, two updates per batch), one far off (learning
+    # rate 4x high) and new default seeds.
+    **{f"default_s{s}": (s, {}) for s in range(61, 64)},
+    "lr_5e-3_s64": (64, {"learning_rate": 5e-3}),
+    "lr_1.5e-3_s65": (65, {"learning_rate": 1.5e-3}),
+    "temp_0.6_s66": (66, {"temperature": 0.6}),
+    "temp_0.4_s67": (67, {"temperature": 0.4}),
+    "beta_0.08_s68": (68, {"beta": 0.08}),
+    "iters_2_s69": (69, {"num_iterations": 2}),
+    "lr_1.2e-2_s70": (70, {"learning_rate": 1.2e-2}),
 }
 
 
