@@ -14,7 +14,7 @@ import yaml
 
 from registry import open_registry
 from registry.analysis.baselines import build_task_baseline
-from registry.analysis.diagnosis.causes import only_setting_off
+from registry.analysis.diagnosis.causes import only_difference_from_healthy, only_setting_off
 from registry.analysis.diagnosis.context import Context
 from registry.analysis.diagnosis.hyperparams import read_settings, settings_for_baseline
 from registry.analysis.diagnosis.settings import DEFAULT_SETTINGS
@@ -330,3 +330,34 @@ def test_most_groups_alike_while_the_reward_gains_is_information_every_group_ali
     assert share.severity == "info" and "carry the learning" in share.title
     assert [f for f in warnings_of(registry, "lr_8e-3_s54", "advantage_degenerate") if f.severity == "critical"]
     assert [f for f in warnings_of(registry, "default_s21", "advantage_degenerate") if f.severity == "critical"]
+
+
+def test_the_one_setting_a_run_has_apart_from_the_healthy_runs_is_named_for_what_no_rule_explained(registry):
+    """lr_8e-3_s54 is the healthy runs' configuration but for a learning rate 2.7x theirs (under the 3x that makes
+    a setting far off), temp_0.5_s29 but for a temperature 2x below: with a baseline of those runs, the findings no
+    rule explained (an entropy collapse, grad-norm spikes) name that setting. Without the baseline there is no
+    controlled comparison and nothing is named by it; iters_2_eps_0.05_s27 differs in two settings and gets no
+    cause from it either."""
+    build_task_baseline(registry, TASK, [n for n in HEALTHY_RUNS if n != "iters_2_eps_0.05_s27"], author="test")
+    for name, key, setting in (("lr_8e-3_s54", "learning_rate_high", "learning_rate = 0.008"),
+                               ("temp_0.5_s29", "temperature_low", "temperature = 0.5")):
+        found = warnings_of(registry, name, baseline=True)
+        collapse = [f for f in found if f.detector == "entropy_collapse"]
+        assert collapse and {f.cause for f in found} == {key}, name
+        assert collapse[0].causes[0].text.startswith("the only setting in which this run differs from the task's")
+        assert setting in collapse[0].causes[0].text
+        assert all(f.cause is None for f in warnings_of(registry, name, "entropy_collapse"))
+    two = warnings_of(registry, "iters_2_eps_0.05_s27", baseline=True)
+    assert not any(c.text.startswith("the only setting in which") for f in two for c in f.causes)
+
+
+def test_a_setting_that_keeps_the_entropy_up_is_not_named_for_its_collapse(registry):
+    """A learning rate below the healthy runs' moves the policy less, not into a collapse."""
+    params = load_params_file(SWEEP / "lr_3e-4_s35" / "config.json")
+    healthy = settings_for_baseline([load_params_file(SWEEP / n / "config.json") for n in HEALTHY_RUNS
+                                     if n != "lr_3e-4_s35"], "trl")
+    hp = read_settings(params, "trl", healthy_params=healthy)
+    ctx = Context({}, {}, DEFAULT_SETTINGS, hp=hp)
+    assert only_difference_from_healthy(hp, ctx, "reward_flat").key == "learning_rate_low"
+    assert only_difference_from_healthy(hp, ctx, "entropy_collapse") is None
+    assert only_setting_off(hp, ctx, "entropy_collapse") is None

@@ -439,6 +439,8 @@ OPPOSITE_CAUSES: dict[str, frozenset[str]] = {
     # Smaller steps do not make the update, or the gradient it is measured from, jump.
     **dict.fromkeys(("kl_spike", "kl_climb", "clip_high", "policy_loss_growing", "grad_norm_spikes"),
                     frozenset({"learning_rate_low", "n_epochs_low"})),
+    # Smaller steps, hotter sampling and a larger entropy bonus all keep the entropy up, not down.
+    "entropy_collapse": frozenset({"learning_rate_low", "n_epochs_low", "temperature_high", "ent_coef_large"}),
 }
 
 
@@ -456,6 +458,28 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
                  NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else [])
                  + ([f"no reference to judge them by: {'; '.join(unjudged)}"] if unjudged else []),
+                 f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
+
+
+def only_difference_from_healthy(hp: RunSettings, ctx: Context, detector: str) -> Cause | None:
+    """The one setting in which the run differs from the task's healthy runs (by at least
+    ``cause_sole_difference_factor``; :func:`only_setting_off` is asked first, for one far off), when every
+    other setting read from it is theirs: the run is then a controlled comparison with them, and that setting
+    is named by elimination, at the naming bar. None without a baseline of at least ``baseline_min_runs`` runs that records every setting read,
+    when no setting or more than one differs, and when the one that does pushes the other way from what
+    ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
+    factor = ctx.s.cause_sole_difference_factor
+    read = list(hp.settings.values())
+    if not read or any(s.healthy is None or s.healthy_n < ctx.s.baseline_min_runs for s in read):
+        return None
+    differ = [s for s in read if s.off(factor) and not _length_not_binding(s, ctx)]
+    if len(differ) != 1 or differ[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
+        return None
+    s = differ[0]
+    rest = "; ".join(t.describe() for t in read if t is not s)
+    return Cause(s.cause_key, f"the only setting in which this run differs from the task's {s.healthy_n} healthy "
+                 f"runs: {s.describe()}", NAMED_SUPPORT,
+                 [s.describe()] + ([f"the healthy runs' own: {rest}"] if rest else []),
                  f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
 
 
@@ -622,7 +646,8 @@ def rank_causes(ctx: Context, f: Finding) -> None:
         found += _after_collapse(ctx, f)
     generic = _drop_contradicted(_generic(f), found, kl)
     if not any(c.support >= NAMED_SUPPORT for c in found):
-        found += [c for c in [only_setting_off(hp, ctx, d)] if c is not None]
+        found += [c for c in [only_setting_off(hp, ctx, d) or only_difference_from_healthy(hp, ctx, d)]
+                  if c is not None]
     if d == "reward_flat" and not any(c.support >= NAMED_SUPPORT for c in found) and hp.settings:
         read = ", ".join(s.describe() for s in hp.settings.values())
         found.append(Cause("task_hyperparameters",

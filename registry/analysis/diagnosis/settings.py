@@ -361,6 +361,11 @@ class DiagnosisSettings:
     #: only beside a KL above its healthy high: the run's own updates then show the step is too large
     #: (a zoo Pendulum run at 2x the healthy runs' 1e-3 whose KL climbs to 0.3).
     cause_corroborated_factor: float = 1.5
+    #: A setting at least this factor off the task's healthy runs' median, when every other setting read from
+    #: the run is within it (a controlled comparison: the run is the healthy runs' configuration but for
+    #: that setting), is named by elimination for a finding no rule explained. The TRL sweep's healthy runs
+    #: share one configuration; temperature 0.7 (1.43x below it) stayed healthy, 0.5 (2x) collapsed.
+    cause_sole_difference_factor: float = 1.5
     #: KL to the old policy below this fraction of its healthy high is "small".
     cause_kl_small_frac: float = 0.02
     #: Entropy "stayed" when its late level is at least this fraction of its early level ...
