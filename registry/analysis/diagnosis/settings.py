@@ -341,6 +341,11 @@ class DiagnosisSettings:
     #: gained past its batch noise (``flat_llm_gain_se``) says the remaining groups carry the learning: the share
     #: is then information (the batch is used inefficiently), not a failure.
     zero_std_total: float = 0.95
+    #: ... unless the gradient norm's late median fell below this fraction of its early median: then the other
+    #: groups carry no learning either (a gain made before the groups became alike is not one made since). On the
+    #: TRL sweep the runs labelled with no learning signal end at 0.00001-0.006 of their early norm, the healthy
+    #: runs at 0.06 or more, the sharpenings labelled borderline at 0.006-0.05.
+    zero_std_gradient_left: float = 0.02
     #: Beside a baseline, a zero-std share is above the healthy runs only when its late mean is above
     #: the highest healthy run's by this many standard errors of that mean (a batch of two prompts gives
     #: shares of 0, 0.5 or 1: a 45-point mean moves by ~0.05 from batch luck alone).

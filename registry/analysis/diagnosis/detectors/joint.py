@@ -132,16 +132,23 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                 # group alike (``zero_std_total``) is critical whatever the reward did.
                 stalled = any(g.at_least("warning") for d in ("reward_flat", "reward_slow")
                               for g in ctx.overlapping(d, sr.step(0), sr.step_end(n - 1)))
-                gained = _reward_gained(ctx) and not stalled
+                gradient = _gradient_left(ctx)
+                no_gradient = gradient is not None and gradient[0] < st.zero_std_gradient_left
+                gained = _reward_gained(ctx) and not stalled and not no_gradient
                 sev = ("critical" if late >= st.zero_std_total or late >= st.zero_std_critical and not gained
                        else "warning" if (rising or stalled) and not gained else "info")
+                ev = {"early": early, "late": late, "rank_corr": corr}
+                if gradient is not None:
+                    ev.update(gradient_left=gradient[0], grad_norm_early=gradient[1], grad_norm_late=gradient[2])
                 out.append(ctx.finding(
                     "advantage_degenerate", name, sr.step(0 if not rising else e), sr.step_end(n - 1), sev,
                     f"{100 * late:.0f}% of prompt groups have zero reward std (all responses rewarded alike)"
                     + (f", up from {100 * early:.0f}%" if rising else "") + ": those groups give no gradient"
                     + ("; the reward still gained past its batch noise, so the other groups carry the learning "
-                       "(a batch used inefficiently, not a failure)" if sev == "info" and gained else ""),
-                    evidence={"early": early, "late": late, "rank_corr": corr},
+                       "(a batch used inefficiently, not a failure)" if sev == "info" and gained else "")
+                    + (f"; the gradient norm fell to {gradient[2]:.2g}, {gradient[0]:.2g}x its early {gradient[1]:.2g}: "
+                       "no learning signal is left" if no_gradient and late >= st.zero_std_critical else ""),
+                    evidence=ev,
                     causes=["the prompts became too easy (all correct) or are too hard (all wrong)",
                             "the group size is too small to see different rewards",
                             "the policy collapsed to one answer per prompt (entropy)"],
@@ -149,6 +156,18 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                     action="filter or re-balance prompts by difficulty (dynamic sampling), or enlarge the groups",
                     detected_at=sr.step_end(n - 1), related=["reward_std", "entropy"], layer="diagnostic"))
     return out
+
+
+def _gradient_left(ctx: Context) -> tuple[float, float, float] | None:
+    """(late / early, early, late) medians of the gradient norm over the run's first and last ``early`` points;
+    None without a gradient-norm curve long enough, or with an early median of 0."""
+    name = ctx.first("grad_norm")
+    sr = ctx.series(name) if name is not None else None
+    if sr is None or sr.n < 2 * ctx.early(sr.n):
+        return None
+    e = ctx.early(sr.n)
+    first, last = float(np.median(sr.raw_values[:e])), float(np.median(sr.raw_values[-e:]))
+    return (last / first, first, last) if first > 0 else None
 
 
 def _reward_gained(ctx: Context) -> bool:
