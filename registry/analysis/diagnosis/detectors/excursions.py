@@ -96,8 +96,15 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
         return False
     if not ctx.higher_is_better(reward):
         before, after = -before, -after
-    fallen = _loss_that_counts(ctx, reward, start - window, end + window)
-    if float(np.median(after)) < float(np.median(before)) - fallen:
+    if ctx.run_kind == "llm":
+        # A language model's batch reward takes a few values (the mean of a handful of completions' 0 / 0.5 / 1):
+        # a median jumps between them (0.72 before, 0.5 after, where the means were 0.72 and 0.70), so the level is
+        # a mean and a fall is one past the batch noise of the two means, as for a drift (settle_drift_without_harm).
+        t = gain_in_standard_errors(ctx, before, after)
+        if t is None or t <= -st.flat_llm_gain_se:
+            return False
+    elif float(np.median(after)) < float(np.median(before)) - _loss_that_counts(ctx, reward, start - window,
+                                                                                     end + window):
         return False
     tol = int(st.joint_overlap_frac * ctx.span)
     return not any(g not in episode and g.at_least("warning") and g.end >= start - tol
