@@ -46,7 +46,7 @@ from registry.dictionary.definitions import dictionary_stamp, healthy_range_for
 log = logging.getLogger(__name__)
 
 #: Bump when detectors or their settings change: every stored row becomes stale.
-DIAGNOSIS_VERSION = 37
+DIAGNOSIS_VERSION = 39
 #: Severities drawn on the plots and counted as problems.
 PROBLEM_SEVERITIES = ("warning", "critical")
 #: How long a web request waits for the write lock to store findings (then it skips storing).

@@ -57,7 +57,7 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
     else:                                              # a single clip point beside a KL spike
         brief = bool(f.evidence.get("with_kl_spike"))
     back = _level_after(ctx, f) if brief else None
-    if back is not None and back > high and _one_batch_from_reference(ctx, f):
+    if back is not None and back > high and _brief_from_reference(ctx, f):
         # The KL to the reference measures how far the policy has drifted, which is the run's own level, not
         # a step size: back at that level is back, whatever a generic high says of the level itself (a level
         # above the high is another finding's to judge, kl_climb's).
@@ -70,8 +70,15 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
 
 def _level_to_return_to(ctx: Context, f: Finding) -> float:
     """The KL a one-batch jump ``f`` of the KL to the reference must be back under: twice the level before it, or
-    while the policy drifts, a ``spike_ratio``-th of the jump's peak, whichever is larger."""
-    return max(ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0), f.evidence["peak"] / ctx.s.spike_ratio)
+    while the policy drifts, a ``spike_ratio``-th of the jump's peak, or the level the run holds over its second
+    half, whichever is largest. A jump during the KL's first rise lands where the run settles later (default_s1:
+    0.05 -> 0.49 at step 44, the run at 0.4-0.6 from step 100): that is the drift kl_climb judges, not an update
+    out of line, and whether the reward suffered after it is still asked (iters_4_s14's jump to 2.4-3.5 at steps
+    61-75, the reward down from 0.68 to 0.47, stays a warning)."""
+    sr = ctx.series(f.metric)
+    held = float(np.median(sr.raw_values[sr.n // 2:])) if sr is not None and sr.n >= 2 else 0.0
+    return max(ONE_BATCH_BACK_FACTOR * f.evidence.get("recent_level", 0.0), f.evidence["peak"] / ctx.s.spike_ratio,
+               held)
 
 
 def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Finding]) -> bool:
@@ -88,7 +95,7 @@ def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Findi
     # The reward's level at the start (its last points before it), not a mean over a window that
     # trails a rising curve, against the updates after the episode.
     before = ctx.values_between(reward, start - window, start - 1)[-need:]
-    if before.size < need and all(_one_batch_from_reference(ctx, f) for f in episode):
+    if before.size < need and all(_brief_from_reference(ctx, f) for f in episode):
         # Outlier batches of a language model's first updates: the level the reward started from is its first points.
         before = ctx.series(reward).raw_values[:need]
     after = ctx.values_between(reward, end + 1, end + window)
@@ -157,13 +164,26 @@ def _one_batch_from_reference(ctx: Context, f: Finding) -> bool:
     return level > 0 and (int(jumps.sum()) <= 2 or float(np.mean(jumps)) <= 0.5)
 
 
+def _brief_from_reference(ctx: Context, f: Finding) -> bool:
+    """A jump of a language model's KL to its reference that is one batch's (:func:`_one_batch_from_reference`)
+    or a burst over at most the persistence's count of logged points: the KL at 2-3 nats for seven steps of a
+    300-step run, then back near 0 (default_s52, steps 6-12). However far it went, it is judged like a one-batch
+    jump, by the level it came back to and by what followed it (the reward's mean, the findings after it)."""
+    if _one_batch_from_reference(ctx, f):
+        return True
+    if ctx.run_kind != "llm" or f.detector != "kl_spike" or not f.metric.startswith("kl_ref"):
+        return False
+    sr = ctx.series(f.metric)
+    return sr is not None and 0 < ctx.values_between(f.metric, f.start, f.end).size <= ctx.persist(sr.n)
+
+
 def _episodes(ctx: Context, findings: list[Finding]) -> list[list[Finding]]:
-    """Warning-level excursion findings (and one-batch jumps of the KL to the reference) grouped by
+    """Warning-level excursion findings (and brief jumps of a language model's KL to the reference) grouped by
     overlap: a KL jump and the clip fraction it drove are one event."""
     tol = int(ctx.s.joint_overlap_frac * ctx.span)
     out: list[list[Finding]] = []
     for f in sorted((f for f in findings if f.detector in EXCURSION_DETECTORS
-                     and (f.severity == "warning" or _one_batch_from_reference(ctx, f))),
+                     and (f.severity == "warning" or _brief_from_reference(ctx, f))),
                     key=lambda f: f.start):
         if out and f.start <= max(g.end for g in out[-1]) + tol:
             out[-1].append(f)
