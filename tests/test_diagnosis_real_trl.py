@@ -38,9 +38,10 @@ KNOWN_FALSE_ALARMS = {
     # batch 5's healthy runs (gains up to +0.22) and no longer do beside batch 6's too (27 runs, gains from +0.05).
     # Batch 6 (first measured with DIAGNOSIS_VERSION 35).
     "default_s61": "its gain (+0.047, like default_s21's) reads flat beside the healthy runs",
-    "temp_0.4_s67": "a start burst at steps 19-21 (KL 6.8 for three logged steps, grad norm 5-8.5, completions 2.5 tokens) "
-                    "and 63-65 (8.7), and an entropy cliff 0.40 -> 0.19 at steps 94-119 that came back to 0.36-0.47: "
-                    "the label, read from 30-step windows, calls the run healthy for its gain and kept entropy",
+    "temp_0.4_s67": "a start burst at steps 19-21 (KL 6.8 for three logged steps, grad norm 5-8.5, completions 2.5 "
+                    "tokens) and 63-65 (8.7), and an entropy cliff 0.40 -> 0.19 at steps 94-119 that came back to "
+                    "0.36-0.47: the label, read from 30-step windows, calls the run healthy for its gain and kept "
+                    "entropy",
     "beta_0_s57": "steps 31-90: completions grow to 3.3 tokens (8 at step 57) with grad-norm spikes up to 75x and the "
                   "reward down to 0.46-0.55 before it rose; its label, read from 30-step windows, calls it healthy for "
                   "its gain (+0.118) and passes over that episode",
@@ -69,6 +70,15 @@ def registry(tmp_path_factory):
 def warnings_of(registry, name: str, detector: str | None = None, *, baseline: bool = False) -> list:
     d = diagnose_run(registry, name, use_baseline=baseline)
     return [f for f in d.at_least("warning") if detector is None or f.detector == detector]
+
+
+def settings_beside_the_other_healthy_runs(name: str) -> tuple:
+    """``name``'s settings as the diagnosis reads them beside the other healthy runs' (the run's own left out), and a
+    context holding them."""
+    healthy = settings_for_baseline([load_params_file(SWEEP / n / "config.json") for n in HEALTHY_RUNS if n != name],
+                                    "trl")
+    hp = read_settings(load_params_file(SWEEP / name / "config.json"), "trl", healthy_params=healthy)
+    return hp, Context({}, {}, DEFAULT_SETTINGS, hp=hp)
 
 
 def test_registration_binds_trls_prefixed_keys(registry):
@@ -269,11 +279,7 @@ def test_a_language_models_clip_fraction_near_zero_alone_is_information(registry
 def test_a_learning_rate_below_its_reference_is_not_named_by_elimination_for_grad_norm_spikes(registry):
     """A smaller step does not make the gradient it is measured from jump: by elimination it would advise raising
     the learning rate against spikes of the gradient norm (lr_3e-4_s35 is 10x below the healthy runs')."""
-    params = load_params_file(SWEEP / "lr_3e-4_s35" / "config.json")
-    healthy = settings_for_baseline([load_params_file(SWEEP / n / "config.json") for n in HEALTHY_RUNS
-                                     if n != "lr_3e-4_s35"], "trl")
-    hp = read_settings(params, "trl", healthy_params=healthy)
-    ctx = Context({}, {}, DEFAULT_SETTINGS, hp=hp)
+    hp, ctx = settings_beside_the_other_healthy_runs("lr_3e-4_s35")
     assert only_setting_off(hp, ctx, "reward_flat").key == "learning_rate_low"
     assert only_setting_off(hp, ctx, "grad_norm_spikes") is None
     assert only_setting_off(hp, ctx, "kl_spike") is None
@@ -366,11 +372,7 @@ def test_the_one_setting_a_run_has_apart_from_the_healthy_runs_is_named_for_what
 
 def test_a_setting_that_keeps_the_entropy_up_is_not_named_for_its_collapse(registry):
     """A learning rate below the healthy runs' moves the policy less, not into a collapse."""
-    params = load_params_file(SWEEP / "lr_3e-4_s35" / "config.json")
-    healthy = settings_for_baseline([load_params_file(SWEEP / n / "config.json") for n in HEALTHY_RUNS
-                                     if n != "lr_3e-4_s35"], "trl")
-    hp = read_settings(params, "trl", healthy_params=healthy)
-    ctx = Context({}, {}, DEFAULT_SETTINGS, hp=hp)
+    hp, ctx = settings_beside_the_other_healthy_runs("lr_3e-4_s35")
     assert only_difference_from_healthy(hp, ctx, "reward_flat").key == "learning_rate_low"
     assert only_difference_from_healthy(hp, ctx, "entropy_collapse") is None
     assert only_setting_off(hp, ctx, "entropy_collapse") is None

@@ -465,9 +465,9 @@ def only_difference_from_healthy(hp: RunSettings, ctx: Context, detector: str) -
     """The one setting in which the run differs from the task's healthy runs (by at least
     ``cause_sole_difference_factor``; :func:`only_setting_off` is asked first, for one far off), when every
     other setting read from it is theirs: the run is then a controlled comparison with them, and that setting
-    is named by elimination, at the naming bar. None without a baseline of at least ``baseline_min_runs`` runs that records every setting read,
-    when no setting or more than one differs, and when the one that does pushes the other way from what
-    ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
+    is named by elimination, at the naming bar. None without a baseline of at least ``baseline_min_runs`` runs
+    that records every setting read, when no setting or more than one differs, and when the one that does
+    pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
     factor = ctx.s.cause_sole_difference_factor
     read = list(hp.settings.values())
     if not read or any(s.healthy is None or s.healthy_n < ctx.s.baseline_min_runs for s in read):

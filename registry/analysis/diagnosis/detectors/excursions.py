@@ -69,7 +69,7 @@ def _brief_and_back(ctx: Context, f: Finding, findings: list[Finding]) -> float 
 
 
 def _level_to_return_to(ctx: Context, f: Finding) -> float:
-    """The KL a one-batch jump ``f`` of the KL to the reference must be back under: twice the level before it, or
+    """The KL a brief jump ``f`` of the KL to the reference must be back under: twice the level before it, or
     while the policy drifts, a ``spike_ratio``-th of the jump's peak, or the level the run holds over its second
     half, whichever is largest. A jump during the KL's first rise lands where the run settles later (default_s1:
     0.05 -> 0.49 at step 44, the run at 0.4-0.6 from step 100): that is the drift kl_climb judges, not an update
@@ -84,7 +84,8 @@ def _level_to_return_to(ctx: Context, f: Finding) -> float:
 def _nothing_followed(ctx: Context, episode: list[Finding], findings: list[Finding]) -> bool:
     """Did the run carry on unharmed after the episode? False when what followed cannot be seen (no
     reward curve, too few points before or after), when the reward fell below its level at the
-    episode's start over the following updates, or when another warning starts from it on."""
+    episode's start over the following updates (a language model's by its mean, past the batch noise),
+    or when another warning starts from it on."""
     st = ctx.s
     reward = ctx.first("reward")
     if reward is None:

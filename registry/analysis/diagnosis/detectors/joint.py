@@ -146,8 +146,9 @@ def detect_advantage_degenerate(ctx: Context) -> list[Finding]:
                     + (f", up from {100 * early:.0f}%" if rising else "") + ": those groups give no gradient"
                     + ("; the reward still gained past its batch noise, so the other groups carry the learning "
                        "(a batch used inefficiently, not a failure)" if sev == "info" and gained else "")
-                    + (f"; the gradient norm fell to {gradient[2]:.2g}, {gradient[0]:.2g}x its early {gradient[1]:.2g}: "
-                       "no learning signal is left" if no_gradient and late >= st.zero_std_critical else ""),
+                    + (f"; the gradient norm fell to {gradient[2]:.2g}, {gradient[0]:.2g}x its early "
+                       f"{gradient[1]:.2g}: no learning signal is left"
+                       if no_gradient and late >= st.zero_std_critical else ""),
                     evidence=ev,
                     causes=["the prompts became too easy (all correct) or are too hard (all wrong)",
                             "the group size is too small to see different rewards",
