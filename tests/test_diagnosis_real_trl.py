@@ -399,4 +399,4 @@ def test_a_kl_jump_to_the_level_the_run_holds_later_or_a_brief_burst_back_near_z
     for name in ("default_s1", "default_s52"):
         assert not warnings_of(registry, name, "kl_spike"), name
     (jump,) = [f for f in warnings_of(registry, "iters_4_s14", "kl_spike") if f.start == 61]
-    assert jump.severity == "critical"
+    assert jump.severity == "critical" and jump.cause == "n_epochs_high"

@@ -449,16 +449,14 @@ def only_setting_off(hp: RunSettings, ctx: Context, detector: str) -> Cause | No
     to a cause: named by elimination, at the naming bar and no higher (the run says only that nothing
     else it records differs). None when no setting, or more than one, is far off, and when that setting
     pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
-    off = [s for s in hp.off_reference(ctx.s.cause_setting_factor) if not _length_not_binding(s, ctx)]
-    if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
+    s = _sole_setting_off(hp, ctx, detector, ctx.s.cause_setting_factor)
+    if s is None:
         return None
-    s = off[0]
     rest = [t.describe() for t in hp.settings.values() if t is not s and t.reference is not None]
     unjudged = [t.describe() for t in hp.settings.values() if t is not s and t.reference is None]
     return Cause(s.cause_key, f"the only setting read from this run that is far from its reference: {s.describe()}",
                  NAMED_SUPPORT, [s.describe()] + ([f"not far from their reference: {'; '.join(rest)}"] if rest else [])
-                 + ([f"no reference to judge them by: {'; '.join(unjudged)}"] if unjudged else []),
-                 f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
+                 + ([f"no reference to judge them by: {'; '.join(unjudged)}"] if unjudged else []), _towards(s))
 
 
 def only_difference_from_healthy(hp: RunSettings, ctx: Context, detector: str) -> Cause | None:
@@ -468,19 +466,31 @@ def only_difference_from_healthy(hp: RunSettings, ctx: Context, detector: str) -
     is named by elimination, at the naming bar. None without a baseline of at least ``baseline_min_runs`` runs
     that records every setting read, when no setting or more than one differs, and when the one that does
     pushes the other way from what ``detector`` found (:data:`OPPOSITE_CAUSES`)."""
-    factor = ctx.s.cause_sole_difference_factor
     read = list(hp.settings.values())
     if not read or any(s.healthy is None or s.healthy_n < ctx.s.baseline_min_runs for s in read):
         return None
-    differ = [s for s in read if s.off(factor) and not _length_not_binding(s, ctx)]
-    if len(differ) != 1 or differ[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
+    s = _sole_setting_off(hp, ctx, detector, ctx.s.cause_sole_difference_factor)
+    if s is None:
         return None
-    s = differ[0]
     rest = "; ".join(t.describe() for t in read if t is not s)
     return Cause(s.cause_key, f"the only setting in which this run differs from the task's {s.healthy_n} healthy "
                  f"runs: {s.describe()}", NAMED_SUPPORT,
-                 [s.describe()] + ([f"the healthy runs' own: {rest}"] if rest else []),
-                 f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare")
+                 [s.describe()] + ([f"the healthy runs' own: {rest}"] if rest else []), _towards(s))
+
+
+def _sole_setting_off(hp: RunSettings, ctx: Context, detector: str, factor: float) -> Setting | None:
+    """The one setting read from the run that is ``factor`` or more off its reference (a maximum length its
+    completions do not reach left out), unless it pushes the other way from what ``detector`` found; None when
+    no setting, or more than one, is that far off."""
+    off = [s for s in hp.off_reference(factor) if not _length_not_binding(s, ctx)]
+    if len(off) != 1 or off[0].cause_key in OPPOSITE_CAUSES.get(detector, ()):
+        return None
+    return off[0]
+
+
+def _towards(s: Setting) -> str:
+    """The action for a setting named by elimination: move it back towards its reference, then compare."""
+    return f"{'lower' if s.above_reference else 'raise'} {s.name} towards {_ref(s)} and compare"
 
 
 def _length_not_binding(s: Setting, ctx: Context) -> bool:
